@@ -1,0 +1,282 @@
+#pragma once
+/// @file
+/// The compact cache saved between forward and backward: `cache_layout` (everything backward needs
+/// to interpret the bytes), `cache_view` (non-owning, what the expert API takes) and `cache`
+/// (owning host storage, what the convenience API returns).
+///
+/// Storage is two buffers. `values` holds the kept elements in the input's type, in ascending
+/// position order. `positions` encodes where they were, as compactly as the policy allows:
+///
+/// | encoding       | used for                          | position bytes                       |
+/// |----------------|-----------------------------------|--------------------------------------|
+/// | `bitmask`      | min-k, chunked min-k              | one bit per element, 32-bit words per
+/// chunk | | `offsets`      | min-k, chunked min-k              | 2 bytes per kept value (4 for
+/// min-k over > 2^16 elements) | | `seeded`       | random (element and channel)      | none:
+/// positions are regenerated      | | `channel_list` | min-k, channel granularity        | 4 bytes
+/// per kept channel             |
+///
+/// For min-k the smaller of bitmask and offsets is chosen (bitmask on a tie).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <ostream>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "config.hpp"
+#include "policy.hpp"
+#include "shape.hpp"
+#include "types.hpp"
+
+namespace dropit {
+
+enum class selection_kind : std::uint8_t { random, min_k, chunked_min_k };
+enum class position_encoding : std::uint8_t { bitmask, offsets, seeded, channel_list };
+
+constexpr std::string_view name_of(position_encoding encoding) {
+  switch (encoding) {
+    case position_encoding::bitmask:
+      return "bitmask";
+    case position_encoding::offsets:
+      return "offsets";
+    case position_encoding::seeded:
+      return "seeded";
+    case position_encoding::channel_list:
+      return "channel_list";
+  }
+  return "unknown";
+}
+
+/// Everything backward needs to read a cache: plain data, cheap to copy to a device.
+///
+/// Element granularity cuts the flattened tensor into `chunk_count()` chunks of `chunk_size`
+/// elements (min-k uses a single chunk of the whole tensor); each full chunk keeps
+/// `kept_per_chunk` values and the tail keeps `kept_per_tail`. Channel granularity views the
+/// tensor as [outer, channels, inner] and keeps `kept_channels` whole channels.
+struct cache_layout {
+  dropit::shape shape{};
+  element_type type = element_type::float32;
+  selection_kind selection = selection_kind::chunked_min_k;
+  bool channel_granularity = false;
+  position_encoding encoding = position_encoding::bitmask;
+  double gamma = 0.0;
+  std::uint64_t seed = 0;
+  bool rescale = false;
+
+  // Element granularity.
+  std::int64_t chunk_size = 0;
+  std::int64_t kept_per_chunk = 0;
+  std::int64_t kept_per_tail = 0;
+  int offset_bytes = 2;
+
+  // Channel granularity.
+  int channel_axis = 0;
+  std::int64_t outer = 0, channels = 0, inner = 0, kept_channels = 0;
+
+  DROPIT_HOST_DEVICE std::int64_t numel() const { return shape.numel(); }
+  DROPIT_HOST_DEVICE std::int64_t full_chunk_count() const {
+    return chunk_size == 0 ? 0 : numel() / chunk_size;
+  }
+  DROPIT_HOST_DEVICE std::int64_t tail_size() const {
+    return chunk_size == 0 ? 0 : numel() % chunk_size;
+  }
+  DROPIT_HOST_DEVICE std::int64_t chunk_count() const {
+    return full_chunk_count() + (tail_size() > 0 ? 1 : 0);
+  }
+  DROPIT_HOST_DEVICE std::int64_t chunk_begin(std::int64_t chunk) const {
+    return chunk * chunk_size;
+  }
+  DROPIT_HOST_DEVICE std::int64_t chunk_length(std::int64_t chunk) const {
+    return chunk < full_chunk_count() ? chunk_size : tail_size();
+  }
+  DROPIT_HOST_DEVICE std::int64_t kept_in_chunk(std::int64_t chunk) const {
+    return chunk < full_chunk_count() ? kept_per_chunk : kept_per_tail;
+  }
+  /// Fixed counts per chunk: a chunk's values (and offsets) start at a computable index.
+  DROPIT_HOST_DEVICE std::int64_t values_begin(std::int64_t chunk) const {
+    return chunk * kept_per_chunk;
+  }
+  DROPIT_HOST_DEVICE std::int64_t mask_words_per_chunk() const { return (chunk_size + 31) / 32; }
+  DROPIT_HOST_DEVICE std::int64_t mask_word_begin(std::int64_t chunk) const {
+    return chunk * mask_words_per_chunk();
+  }
+
+  /// Number of stored values.
+  DROPIT_HOST_DEVICE std::int64_t kept() const {
+    if (channel_granularity) return outer * kept_channels * inner;
+    return full_chunk_count() * kept_per_chunk + (tail_size() > 0 ? kept_per_tail : 0);
+  }
+
+  DROPIT_HOST_DEVICE std::size_t element_bytes() const {
+    return type == element_type::float32 ? 4 : 2;
+  }
+  DROPIT_HOST_DEVICE std::size_t value_bytes() const {
+    return static_cast<std::size_t>(kept()) * element_bytes();
+  }
+  DROPIT_HOST_DEVICE std::size_t position_bytes() const {
+    switch (encoding) {
+      case position_encoding::bitmask:
+        return 4 * static_cast<std::size_t>(full_chunk_count() * mask_words_per_chunk() +
+                                            (tail_size() + 31) / 32);
+      case position_encoding::offsets:
+        return static_cast<std::size_t>(kept()) * static_cast<std::size_t>(offset_bytes);
+      case position_encoding::seeded:
+        return 0;
+      case position_encoding::channel_list:
+        return 4 * static_cast<std::size_t>(kept_channels);
+    }
+    return 0;
+  }
+  /// Exact bytes the cache occupies: values plus positions.
+  DROPIT_HOST_DEVICE std::size_t bytes() const { return value_bytes() + position_bytes(); }
+
+  /// Factor applied to a kept value of `chunk` (or any channel) in backward: n/k with `rescale`,
+  /// otherwise 1.
+  DROPIT_HOST_DEVICE float value_scale(std::int64_t chunk) const {
+    if (!rescale) return 1.0f;
+    if (channel_granularity)
+      return kept_channels == 0 ? 1.0f
+                                : static_cast<float>(static_cast<double>(channels) /
+                                                     static_cast<double>(kept_channels));
+    const std::int64_t kept_here = kept_in_chunk(chunk);
+    return kept_here == 0 ? 1.0f
+                          : static_cast<float>(static_cast<double>(chunk_length(chunk)) /
+                                               static_cast<double>(kept_here));
+  }
+};
+
+/// Plans the cache of a tensor of `type` and `input_shape` under `p`: validates the policy and
+/// computes counts, encoding and sizes. Throws `dropit::error` on bad parameters.
+template <policy_type P>
+cache_layout plan_cache(const P& p, const shape& input_shape, element_type type) {
+  using S = typename P::selection_type;
+  cache_layout layout;
+  layout.shape = input_shape;
+  layout.type = type;
+  layout.gamma = p.selection.gamma;
+  detail::validate_gamma(layout.gamma);
+  const std::int64_t n = input_shape.numel();
+
+  if constexpr (std::same_as<S, random_selection>) {
+    layout.selection = selection_kind::random;
+    layout.seed = p.selection.seed;
+    layout.rescale = p.selection.rescale;
+  } else if constexpr (std::same_as<S, min_k_selection>) {
+    layout.selection = selection_kind::min_k;
+  } else {
+    layout.selection = selection_kind::chunked_min_k;
+  }
+
+  if constexpr (std::same_as<typename P::granularity_type, channel_granularity>) {
+    detail::expect(input_shape.rank >= 1, "channel granularity needs a tensor of rank >= 1");
+    layout.channel_granularity = true;
+    layout.channel_axis =
+        detail::normalize_axis(p.granularity.axis, input_shape.rank, "channel granularity");
+    layout.outer = input_shape.product(0, layout.channel_axis);
+    layout.channels = input_shape[layout.channel_axis];
+    layout.inner = input_shape.product(layout.channel_axis + 1, input_shape.rank);
+    detail::expect(layout.channels <= std::numeric_limits<std::int32_t>::max(), "channel count ",
+                   layout.channels, " exceeds the 32-bit channel index range");
+    layout.kept_channels = kept_count(layout.channels, layout.gamma);
+    layout.encoding = std::same_as<S, random_selection> ? position_encoding::seeded
+                                                        : position_encoding::channel_list;
+    return layout;
+  } else {
+    if constexpr (std::same_as<S, min_k_selection>) {
+      // Whole-tensor selection: one chunk, offsets addressed with 16 or 32 bits.
+      detail::expect(n <= std::int64_t{std::numeric_limits<std::uint32_t>::max()}, "min-k over ", n,
+                     " elements exceeds the 32-bit index range (at most ",
+                     std::numeric_limits<std::uint32_t>::max(),
+                     "); use chunked_min_k_selection for larger tensors");
+      layout.chunk_size = n;
+      layout.offset_bytes = n <= max_chunk_size ? 2 : 4;
+    } else {
+      detail::validate_chunk_size(p.selection.chunk_size);
+      layout.chunk_size = p.selection.chunk_size;
+      layout.offset_bytes = 2;
+    }
+    layout.kept_per_chunk = kept_count(layout.chunk_size, layout.gamma);
+    layout.kept_per_tail = kept_count(layout.tail_size(), layout.gamma);
+    if constexpr (std::same_as<S, random_selection>) {
+      layout.encoding = position_encoding::seeded;
+    } else {
+      layout.encoding = position_encoding::offsets;
+      const std::size_t offsets_bytes = layout.position_bytes();
+      layout.encoding = position_encoding::bitmask;
+      if (offsets_bytes < layout.position_bytes()) layout.encoding = position_encoding::offsets;
+    }
+    return layout;
+  }
+}
+
+template <storage_type T, policy_type P>
+cache_layout plan_cache(const P& p, const shape& input_shape) {
+  return plan_cache(p, input_shape, element_type_of<T>);
+}
+
+/// Non-owning view of a cache: a layout and its two buffers. `positions` must be 4-byte aligned.
+template <class T>
+struct cache_view {
+  cache_layout layout{};
+  T* values = nullptr;
+  void* positions = nullptr;
+
+  operator cache_view<const T>() const { return {layout, values, positions}; }
+};
+
+/// A cache that owns host storage.
+template <storage_type T>
+class cache {
+ public:
+  cache() = default;
+  explicit cache(const cache_layout& layout)
+      : layout_(layout),
+        values_(static_cast<std::size_t>(layout.kept())),
+        positions_((layout.position_bytes() + 3) / 4) {
+    detail::expect(layout.type == element_type_of<T>, "cache of element type ",
+                   name_of(element_type_of<T>), " cannot hold a layout of type ",
+                   name_of(layout.type));
+  }
+
+  const cache_layout& layout() const { return layout_; }
+  /// Exact size of the cached data in bytes (values plus encoded positions).
+  std::size_t bytes() const { return layout_.bytes(); }
+  std::span<const T> values() const { return values_; }
+
+  cache_view<T> view() { return {layout_, values_.data(), positions_.data()}; }
+  cache_view<const T> view() const {
+    return {layout_, values_.data(), const_cast<std::uint32_t*>(positions_.data())};
+  }
+
+ private:
+  cache_layout layout_{};
+  std::vector<T> values_;
+  std::vector<std::uint32_t> positions_;
+};
+
+namespace detail {
+
+/// Checks that a view's buffers exist where its layout says there is data.
+template <class T>
+void expect_buffers(const cache_view<T>& view) {
+  expect(view.values != nullptr || view.layout.kept() == 0,
+         "cache values buffer is null but the layout keeps ", view.layout.kept(), " values");
+  expect(view.positions != nullptr || view.layout.position_bytes() == 0,
+         "cache positions buffer is null but the layout needs ", view.layout.position_bytes(),
+         " bytes");
+  expect(reinterpret_cast<std::uintptr_t>(view.positions) % 4 == 0,
+         "cache positions buffer must be 4-byte aligned");
+}
+
+template <class T>
+void expect_type(const cache_layout& layout) {
+  expect(layout.type == element_type_of<std::remove_const_t<T>>, "cache holds ",
+         name_of(layout.type), " values but was accessed as ",
+         name_of(element_type_of<std::remove_const_t<T>>));
+}
+
+}  // namespace detail
+}  // namespace dropit

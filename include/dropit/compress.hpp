@@ -1,0 +1,93 @@
+#pragma once
+/// @file
+/// compress (sparsify a dense tensor into a cache) and densify (expand a cache back, zeros where
+/// nothing was kept).
+///
+/// Expert overloads take the cache's buffers and a workspace whose size the matching
+/// `*_workspace_bytes` query returns; they allocate nothing. Convenience overloads own their
+/// memory.
+
+#include <cstddef>
+#include <type_traits>
+#include <vector>
+
+#include "backend.hpp"
+#include "cache.hpp"
+#include "detail/cpu/cache_ops.hpp"
+#include "shape.hpp"
+
+namespace dropit {
+
+namespace detail {
+
+template <class T, class U>
+void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tensor,
+                          const char* what) {
+  expect_type<T>(layout);
+  expect(tensor.shape == layout.shape, what, " has shape ", tensor.shape,
+         " but the cache layout expects ", layout.shape);
+  expect_data(tensor, what);
+}
+
+}  // namespace detail
+
+/// Workspace bytes `compress` needs on `backend` for a cache of `layout`.
+template <storage_type T>
+std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+  detail::expect_type<T>(layout);
+  return detail::cpu::compress_workspace_bytes<T>(backend, layout);
+}
+
+/// Sparsifies `input` into the caller's cache buffers `out` (planned with `plan_cache`).
+template <storage_type T>
+void compress(const cpu_backend& backend, tensor_view<const std::type_identity_t<T>> input,
+              cache_view<T> out, workspace scratch) {
+  detail::expect_input_matches<T>(out.layout, input, "compress input");
+  detail::expect_buffers(out);
+  detail::cpu::compress(backend, input.data, out, scratch);
+}
+
+/// Sparsifies `input` under policy `p` into a new cache.
+template <class U, policy_type P, storage_type T = std::remove_const_t<U>>
+cache<T> compress(const cpu_backend& backend, const P& p, tensor_view<U> input) {
+  cache<T> result(plan_cache<T>(p, input.shape));
+  const std::size_t bytes = compress_workspace_bytes<T>(backend, result.layout());
+  auto memory = detail::cpu::allocate_workspace(bytes);
+  compress<T>(backend, input, result.view(), detail::cpu::aligned_span(memory, bytes));
+  return result;
+}
+
+/// Workspace bytes `densify` needs on `backend` for a cache of `layout`.
+template <storage_type T>
+std::size_t densify_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+  detail::expect_type<T>(layout);
+  return detail::cpu::densify_workspace_bytes<T>(backend, layout);
+}
+
+/// Writes the dense tensor a cache stands for into `out`: kept values (scaled by n/k for random
+/// selection with `rescale`), zeros elsewhere.
+template <storage_type T>
+void densify(const cpu_backend& backend, cache_view<const std::type_identity_t<T>> cache,
+             tensor_view<T> out, workspace scratch) {
+  detail::expect_input_matches<T>(cache.layout, out, "densify output");
+  detail::expect_buffers(cache);
+  detail::cpu::densify(backend, cache, out.data, scratch);
+}
+
+/// Densifies into a new vector.
+template <class U, storage_type T = std::remove_const_t<U>>
+std::vector<T> densify(const cpu_backend& backend, cache_view<U> cache) {
+  std::vector<T> out(static_cast<std::size_t>(cache.layout.numel()));
+  const std::size_t bytes = densify_workspace_bytes<T>(backend, cache.layout);
+  auto memory = detail::cpu::allocate_workspace(bytes);
+  densify(backend, cache, tensor_view<T>{out.data(), cache.layout.shape},
+          detail::cpu::aligned_span(memory, bytes));
+  return out;
+}
+
+template <storage_type T>
+std::vector<T> densify(const cpu_backend& backend, const cache<T>& c) {
+  return densify(backend, c.view());
+}
+
+}  // namespace dropit

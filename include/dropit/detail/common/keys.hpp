@@ -1,0 +1,64 @@
+#pragma once
+// Selection keys and the random generator shared by every backend. Both sides rank candidates by
+// the same 32-bit keys, so they keep the same sets bit for bit.
+
+#include <cstdint>
+
+#include "../../config.hpp"
+#include "../../types.hpp"
+
+namespace dropit::detail {
+
+/// Key ordering elements by magnitude. Clearing the sign bit of an IEEE value leaves an unsigned
+/// integer that grows with |x|, puts every NaN above infinity and maps +0 and -0 together. 16-bit
+/// types are shifted into the high half so that a radix pass over the top bits sees their
+/// exponent, just as it does for float.
+template <storage_type T>
+DROPIT_HOST_DEVICE inline std::uint32_t magnitude_key(T value) {
+  if constexpr (sizeof(T) == 4)
+    return bits_of(value) & 0x7fffffffu;
+  else
+    return static_cast<std::uint32_t>(bits_of(value) & 0x7fffu) << 16;
+}
+
+DROPIT_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
+  // splitmix64's finaliser: a bijection with full avalanche.
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Counter-based generator: a 32-bit uniform key for (`seed`, `stream`, `index`). Random selection
+/// keeps the `k` smallest keys of a chunk (stream = chunk) or of the channels (stream =
+/// `channel_stream`), which draws `k` positions uniformly without replacement.
+DROPIT_HOST_DEVICE inline std::uint32_t random_key(std::uint64_t seed, std::uint64_t stream,
+                                                   std::uint64_t index) {
+  const std::uint64_t keyed = mix64(seed ^ mix64(stream + 0x9e3779b97f4a7c15ull));
+  // Complemented so that "keep the largest keys", as for magnitudes, keeps the smallest draws.
+  return ~static_cast<std::uint32_t>(mix64(keyed + index * 0xd1b54a32d192ed03ull) >> 32);
+}
+
+inline constexpr std::uint64_t channel_stream = ~std::uint64_t{0};
+
+/// The cut produced by a selection: keep every key above `key`, and the first `ties` candidates
+/// (in index order) whose key equals it. Ties therefore go to the lower index.
+struct threshold {
+  std::uint32_t key = 0;
+  std::int64_t ties = 0;
+};
+
+/// Channel scores are sums of squares accumulated in double, in a fixed order every backend can
+/// reproduce: each run of `channel_score_block` consecutive elements (in [outer, inner] order) is
+/// summed sequentially, then the run sums are added in order.
+inline constexpr std::int64_t channel_score_block = 1024;
+
+/// Ranks channel scores like magnitudes: NaN above everything, then larger sums.
+DROPIT_HOST_DEVICE inline bool channel_ranks_before(double score_a, std::int64_t a, double score_b,
+                                                    std::int64_t b) {
+  const bool nan_a = score_a != score_a, nan_b = score_b != score_b;
+  if (nan_a != nan_b) return nan_a;
+  if (!nan_a && score_a != score_b) return score_a > score_b;
+  return a < b;
+}
+
+}  // namespace dropit::detail

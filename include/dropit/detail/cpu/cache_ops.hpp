@@ -1,0 +1,331 @@
+#pragma once
+// CPU compress, and the one decoder every reader of a cache (densify, weight gradients) goes
+// through. Element caches are processed chunk by chunk: each chunk's values and positions start
+// at offsets computable from the layout, so chunks run in parallel with no coordination.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+
+#include "../../cache.hpp"
+#include "../common/keys.hpp"
+#include "parallel.hpp"
+#include "select.hpp"
+
+namespace dropit::detail::cpu {
+
+// ---------------------------------------------------------------------------------------------
+// Element granularity.
+
+/// Selection keys of one chunk: magnitudes of `input` for min-k, generator draws for random.
+template <storage_type T>
+void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
+                std::uint32_t* keys) {
+  const std::int64_t length = layout.chunk_length(chunk);
+  if (layout.selection == selection_kind::random) {
+    for (std::int64_t i = 0; i < length; ++i)
+      keys[i] =
+          random_key(layout.seed, static_cast<std::uint64_t>(chunk), static_cast<std::uint64_t>(i));
+  } else {
+    const T* data = input + layout.chunk_begin(chunk);
+    for (std::int64_t i = 0; i < length; ++i) keys[i] = magnitude_key(data[i]);
+  }
+}
+
+/// Calls `visit(offset_in_chunk)` for each kept element of a chunk whose keys are `keys`, in
+/// ascending order, stopping once all `kept_in_chunk` have been visited.
+template <class Visit>
+void for_each_selected(const std::uint32_t* keys, std::int64_t length, std::int64_t kept,
+                       threshold cut, Visit&& visit) {
+  std::int64_t ties_left = cut.ties;
+  std::int64_t visited = 0;
+  for (std::int64_t i = 0; i < length && visited < kept; ++i) {
+    const std::uint32_t key = keys[i];
+    const bool at_cut = key == cut.key;
+    if (key > cut.key || (at_cut && ties_left > 0)) {
+      ties_left -= at_cut;
+      ++visited;
+      visit(i);
+    }
+  }
+}
+
+/// Scratch keys one thread needs for an element layout: the chunk's keys and the selection's.
+inline std::int64_t element_scratch_keys(const cache_layout& layout) {
+  return layout.chunk_size + select_scratch_keys(layout.chunk_size);
+}
+
+template <storage_type T>
+void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chunk,
+                    const cache_view<T>& out, std::uint32_t* scratch) {
+  const std::int64_t length = layout.chunk_length(chunk);
+  const std::int64_t kept = layout.kept_in_chunk(chunk);
+  const T* data = input + layout.chunk_begin(chunk);
+  T* values = out.values + layout.values_begin(chunk);
+
+  std::uint32_t* keys = scratch;
+  chunk_keys(layout, input, chunk, keys);
+  const threshold cut = select_threshold(keys, length, kept, scratch + layout.chunk_size);
+
+  std::int64_t stored = 0;
+  switch (layout.encoding) {
+    case position_encoding::bitmask: {
+      auto* words = static_cast<std::uint32_t*>(out.positions) + layout.mask_word_begin(chunk);
+      std::fill_n(words, (length + 31) / 32, 0u);
+      for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
+        words[i / 32] |= 1u << (i % 32);
+        values[stored++] = data[i];
+      });
+      break;
+    }
+    case position_encoding::offsets:
+      if (layout.offset_bytes == 2) {
+        auto* offsets = static_cast<std::uint16_t*>(out.positions) + layout.values_begin(chunk);
+        for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
+          offsets[stored] = static_cast<std::uint16_t>(i);
+          values[stored++] = data[i];
+        });
+      } else {
+        auto* offsets = static_cast<std::uint32_t*>(out.positions) + layout.values_begin(chunk);
+        for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
+          offsets[stored] = static_cast<std::uint32_t>(i);
+          values[stored++] = data[i];
+        });
+      }
+      break;
+    default:  // seeded: values only
+      for_each_selected(keys, length, kept, cut,
+                        [&](std::int64_t i) { values[stored++] = data[i]; });
+  }
+}
+
+/// Calls `visit(flat_position, value_index)` for every kept element of `chunk`, ascending.
+/// `scratch` is `element_scratch_keys` keys (used only by seeded caches).
+template <class T, class Visit>
+void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
+                            Visit&& visit) {
+  const cache_layout& layout = cache.layout;
+  const std::int64_t begin = layout.chunk_begin(chunk);
+  const std::int64_t length = layout.chunk_length(chunk);
+  const std::int64_t kept = layout.kept_in_chunk(chunk);
+  const std::int64_t first_value = layout.values_begin(chunk);
+  switch (layout.encoding) {
+    case position_encoding::bitmask: {
+      const auto* words =
+          static_cast<const std::uint32_t*>(cache.positions) + layout.mask_word_begin(chunk);
+      std::int64_t value = first_value;
+      for (std::int64_t w = 0; w < (length + 31) / 32; ++w)
+        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
+          visit(begin + w * 32 + __builtin_ctz(bits), value++);
+      break;
+    }
+    case position_encoding::offsets:
+      for (std::int64_t j = 0; j < kept; ++j) {
+        const std::int64_t offset =
+            layout.offset_bytes == 2
+                ? static_cast<const std::uint16_t*>(cache.positions)[first_value + j]
+                : static_cast<const std::uint32_t*>(cache.positions)[first_value + j];
+        visit(begin + offset, first_value + j);
+      }
+      break;
+    default: {  // seeded: regenerate the draw made in compress
+      chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
+      const threshold cut = select_threshold(scratch, length, kept, scratch + layout.chunk_size);
+      std::int64_t value = first_value;
+      for_each_selected(scratch, length, kept, cut,
+                        [&](std::int64_t i) { visit(begin + i, value++); });
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channel granularity.
+
+/// Sum of squares of one channel in the canonical order of `channel_score_block`.
+template <storage_type T>
+double channel_score(const cache_layout& layout, const T* input, std::int64_t channel) {
+  double total = 0.0, run = 0.0;
+  std::int64_t in_run = 0;
+  for (std::int64_t o = 0; o < layout.outer; ++o) {
+    const T* row = input + (o * layout.channels + channel) * layout.inner;
+    for (std::int64_t r = 0; r < layout.inner; ++r) {
+      const double x = to_float(row[r]);
+      run += x * x;
+      if (++in_run == channel_score_block) {
+        total += run;
+        run = 0.0;
+        in_run = 0;
+      }
+    }
+  }
+  return total + run;
+}
+
+/// Scratch a channel selection needs: scores and an ordering of the channels.
+inline void add_channel_scratch(workspace_carver& carver, const cache_layout& layout,
+                                double*& scores, std::uint32_t*& order) {
+  scores = carver.add<double>(static_cast<std::size_t>(layout.channels));
+  order = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.channels));
+}
+
+/// Writes the `kept_channels` selected channels to `kept`, ascending. Min-k ranks channels by
+/// score (needs `input`), random by generator draws (regenerable without it).
+template <storage_type T>
+void select_channels(const cpu_backend& backend, const cache_layout& layout, const T* input,
+                     double* scores, std::uint32_t* order, std::uint32_t* kept) {
+  const std::int64_t channels = layout.channels;
+  const bool random = layout.selection == selection_kind::random;
+  parallel_for(backend, channels, [&](std::int64_t c, int) {
+    scores[c] = random ? static_cast<double>(
+                             random_key(layout.seed, channel_stream, static_cast<std::uint64_t>(c)))
+                       : channel_score(layout, input, c);
+  });
+  std::iota(order, order + channels, 0u);
+  std::sort(order, order + channels, [&](std::uint32_t a, std::uint32_t b) {
+    return channel_ranks_before(scores[a], a, scores[b], b);
+  });
+  std::copy_n(order, layout.kept_channels, kept);
+  std::sort(kept, kept + layout.kept_channels);
+}
+
+/// The kept channel list of a channel cache: stored, or regenerated for seeded caches into
+/// `regenerated` (with the scratch of `add_channel_scratch`).
+template <class T>
+const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<T>& cache,
+                                   double* scores, std::uint32_t* order,
+                                   std::uint32_t* regenerated) {
+  if (cache.layout.encoding == position_encoding::channel_list)
+    return static_cast<const std::uint32_t*>(cache.positions);
+  select_channels<std::remove_const_t<T>>(backend, cache.layout, nullptr, scores, order,
+                                          regenerated);
+  return regenerated;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-cache walks.
+
+/// Scratch carved for reading a cache: per-thread chunk keys, or the channel list.
+struct read_scratch {
+  std::uint32_t* keys = nullptr;  // element: threads * element_scratch_keys
+  std::int64_t keys_per_thread = 0;
+  double* scores = nullptr;  // channel: see add_channel_scratch
+  std::uint32_t* order = nullptr;
+  std::uint32_t* channel_list = nullptr;
+};
+
+inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend& backend,
+                                     const cache_layout& layout, bool needs_input_selection) {
+  read_scratch scratch;
+  if (layout.channel_granularity) {
+    if (needs_input_selection || layout.encoding == position_encoding::seeded) {
+      add_channel_scratch(carver, layout, scratch.scores, scratch.order);
+      scratch.channel_list =
+          carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
+    }
+  } else if (needs_input_selection || layout.encoding == position_encoding::seeded) {
+    const auto threads = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(backend.thread_count(), layout.chunk_count()));
+    scratch.keys_per_thread = element_scratch_keys(layout);
+    scratch.keys =
+        carver.add<std::uint32_t>(static_cast<std::size_t>(threads * scratch.keys_per_thread));
+  }
+  return scratch;
+}
+
+/// Calls `visit(flat_position, value_index)` for every kept element, ascending within each
+/// parallel work item (a chunk, or an outer index for channel caches).
+template <class T, class Visit>
+void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
+                   const read_scratch& scratch, Visit&& visit) {
+  const cache_layout& layout = cache.layout;
+  if (layout.channel_granularity) {
+    const std::uint32_t* list =
+        kept_channels(backend, cache, scratch.scores, scratch.order, scratch.channel_list);
+    const std::int64_t kept = layout.kept_channels, inner = layout.inner;
+    parallel_for(backend, layout.outer, [&](std::int64_t o, int) {
+      for (std::int64_t j = 0; j < kept; ++j) {
+        const std::int64_t position = (o * layout.channels + list[j]) * inner;
+        const std::int64_t value = (o * kept + j) * inner;
+        for (std::int64_t r = 0; r < inner; ++r) visit(position + r, value + r);
+      }
+    });
+    return;
+  }
+  parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int thread) {
+    for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread, visit);
+  });
+}
+
+template <storage_type T>
+std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+  workspace_carver carver;
+  add_read_scratch(carver, backend, layout, true);
+  return carver.bytes();
+}
+
+template <storage_type T>
+void compress(const cpu_backend& backend, const T* input, const cache_view<T>& out,
+              workspace memory) {
+  const cache_layout& layout = out.layout;
+  workspace_carver carver(memory);
+  const read_scratch scratch = add_read_scratch(carver, backend, layout, true);
+  carver.expect_fits("compress");
+
+  if (layout.channel_granularity) {
+    std::uint32_t* list = layout.encoding == position_encoding::channel_list
+                              ? static_cast<std::uint32_t*>(out.positions)
+                              : scratch.channel_list;
+    select_channels(backend, layout, input, scratch.scores, scratch.order, list);
+    const std::int64_t kept = layout.kept_channels, inner = layout.inner;
+    parallel_for(backend, layout.outer, [&](std::int64_t o, int) {
+      for (std::int64_t j = 0; j < kept; ++j)
+        std::memcpy(out.values + (o * kept + j) * inner,
+                    input + (o * layout.channels + list[j]) * inner,
+                    static_cast<std::size_t>(inner) * sizeof(T));
+    });
+    return;
+  }
+  parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int thread) {
+    compress_chunk(layout, input, chunk, out, scratch.keys + thread * scratch.keys_per_thread);
+  });
+}
+
+template <storage_type T>
+std::size_t densify_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+  workspace_carver carver;
+  add_read_scratch(carver, backend, layout, false);
+  return carver.bytes();
+}
+
+template <storage_type T>
+void densify(const cpu_backend& backend, const cache_view<const T>& cache, T* out,
+             workspace memory) {
+  const cache_layout& layout = cache.layout;
+  workspace_carver carver(memory);
+  const read_scratch scratch = add_read_scratch(carver, backend, layout, false);
+  carver.expect_fits("densify");
+
+  // Zero first (in the same parallel partition), then scatter.
+  if (layout.channel_granularity) {
+    const std::int64_t slab = layout.channels * layout.inner;
+    parallel_for(backend, layout.outer,
+                 [&](std::int64_t o, int) { std::fill_n(out + o * slab, slab, T{}); });
+  } else {
+    parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int) {
+      std::fill_n(out + layout.chunk_begin(chunk), layout.chunk_length(chunk), T{});
+    });
+  }
+  if (!layout.rescale) {
+    for_each_kept(backend, cache, scratch, [&](std::int64_t position, std::int64_t value) {
+      out[position] = cache.values[value];
+    });
+    return;
+  }
+  for_each_kept(backend, cache, scratch, [&](std::int64_t position, std::int64_t value) {
+    const float scale = layout.value_scale(position / std::max<std::int64_t>(1, layout.chunk_size));
+    out[position] = from_float<T>(to_float(cache.values[value]) * scale);
+  });
+}
+
+}  // namespace dropit::detail::cpu

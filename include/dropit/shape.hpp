@@ -1,0 +1,100 @@
+#pragma once
+/// @file
+/// `shape` and `tensor_view`: the non-owning, host/device-copyable description of a dense,
+/// contiguous, row-major tensor that every operation takes.
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <ostream>
+
+#include "config.hpp"
+
+namespace dropit {
+
+/// Extents of a row-major tensor of up to `max_rank` dimensions.
+struct shape {
+  static constexpr int max_rank = 8;
+
+  std::array<std::int64_t, max_rank> extents{};
+  int rank = 0;
+
+  constexpr shape() = default;
+  shape(std::initializer_list<std::int64_t> dims) {
+    detail::expect(dims.size() <= max_rank, "tensor rank ", dims.size(), " exceeds the maximum of ",
+                   max_rank);
+    for (std::int64_t d : dims) push_back(d);
+  }
+  template <class Range>
+  requires requires(const Range& r) {
+    r.begin();
+    r.end();
+  }
+  explicit shape(const Range& dims) {
+    for (auto d : dims) push_back(static_cast<std::int64_t>(d));
+  }
+
+  void push_back(std::int64_t extent) {
+    detail::expect(rank < max_rank, "tensor rank exceeds the maximum of ", max_rank);
+    detail::expect(extent >= 0, "tensor extent ", extent, " in dimension ", rank,
+                   " is negative; expected >= 0");
+    extents[rank++] = extent;
+  }
+
+  DROPIT_HOST_DEVICE constexpr std::int64_t operator[](int axis) const { return extents[axis]; }
+
+  DROPIT_HOST_DEVICE constexpr std::int64_t numel() const {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= extents[i];
+    return n;
+  }
+
+  /// Product of extents in [first, last).
+  DROPIT_HOST_DEVICE constexpr std::int64_t product(int first, int last) const {
+    std::int64_t n = 1;
+    for (int i = first; i < last; ++i) n *= extents[i];
+    return n;
+  }
+
+  friend constexpr bool operator==(const shape& a, const shape& b) {
+    if (a.rank != b.rank) return false;
+    for (int i = 0; i < a.rank; ++i)
+      if (a.extents[i] != b.extents[i]) return false;
+    return true;
+  }
+
+  friend std::ostream& operator<<(std::ostream& out, const shape& s) {
+    out << '[';
+    for (int i = 0; i < s.rank; ++i) out << (i ? ", " : "") << s.extents[i];
+    return out << ']';
+  }
+};
+
+/// A pointer and a shape; the data is contiguous and row-major.
+template <class T>
+struct tensor_view {
+  T* data = nullptr;
+  dropit::shape shape{};
+
+  DROPIT_HOST_DEVICE std::int64_t numel() const { return shape.numel(); }
+  operator tensor_view<const T>() const { return {data, shape}; }
+};
+
+namespace detail {
+
+/// Maps a possibly negative axis onto [0, rank).
+inline int normalize_axis(int axis, int rank, const char* what) {
+  const int normalized = axis < 0 ? axis + rank : axis;
+  expect(normalized >= 0 && normalized < rank, what, " axis ", axis,
+         " is out of range for a tensor of rank ", rank);
+  return normalized;
+}
+
+template <class T>
+void expect_data(const tensor_view<T>& view, const char* what) {
+  expect(view.data != nullptr || view.numel() == 0, what, " is a null pointer but holds ",
+         view.numel(), " elements");
+}
+
+}  // namespace detail
+}  // namespace dropit
