@@ -4,6 +4,7 @@
 // at offsets computable from the layout, so chunks run in parallel with no coordination.
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -33,24 +34,6 @@ void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
   }
 }
 
-/// Calls `visit(offset_in_chunk)` for each kept element of a chunk whose keys are `keys`, in
-/// ascending order, stopping once all `kept_in_chunk` have been visited.
-template <class Visit>
-void for_each_selected(const std::uint32_t* keys, std::int64_t length, std::int64_t kept,
-                       threshold cut, Visit&& visit) {
-  std::int64_t ties_left = cut.ties;
-  std::int64_t visited = 0;
-  for (std::int64_t i = 0; i < length && visited < kept; ++i) {
-    const std::uint32_t key = keys[i];
-    const bool at_cut = key == cut.key;
-    if (key > cut.key || (at_cut && ties_left > 0)) {
-      ties_left -= at_cut;
-      ++visited;
-      visit(i);
-    }
-  }
-}
-
 /// Scratch keys one thread needs for an element layout: the chunk's keys and the selection's.
 inline std::int64_t element_scratch_keys(const cache_layout& layout) {
   return layout.chunk_size + select_scratch_keys(layout.chunk_size);
@@ -72,31 +55,30 @@ void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chu
   switch (layout.encoding) {
     case position_encoding::bitmask: {
       auto* words = static_cast<std::uint32_t*>(out.positions) + layout.mask_word_begin(chunk);
-      std::fill_n(words, (length + 31) / 32, 0u);
-      for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
-        words[i / 32] |= 1u << (i % 32);
-        values[stored++] = data[i];
+      for_each_selected_word(keys, length, cut, [&](std::int64_t word, std::uint32_t bits) {
+        words[word] = bits;
+        for (; bits != 0; bits &= bits - 1)
+          values[stored++] = data[word * 32 + std::countr_zero(bits)];
       });
       break;
     }
     case position_encoding::offsets:
       if (layout.offset_bytes == 2) {
         auto* offsets = static_cast<std::uint16_t*>(out.positions) + layout.values_begin(chunk);
-        for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
+        for_each_selected(keys, length, cut, [&](std::int64_t i) {
           offsets[stored] = static_cast<std::uint16_t>(i);
           values[stored++] = data[i];
         });
       } else {
         auto* offsets = static_cast<std::uint32_t*>(out.positions) + layout.values_begin(chunk);
-        for_each_selected(keys, length, kept, cut, [&](std::int64_t i) {
+        for_each_selected(keys, length, cut, [&](std::int64_t i) {
           offsets[stored] = static_cast<std::uint32_t>(i);
           values[stored++] = data[i];
         });
       }
       break;
     default:  // seeded: values only
-      for_each_selected(keys, length, kept, cut,
-                        [&](std::int64_t i) { values[stored++] = data[i]; });
+      for_each_selected(keys, length, cut, [&](std::int64_t i) { values[stored++] = data[i]; });
   }
 }
 
@@ -117,7 +99,7 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
       std::int64_t value = first_value;
       for (std::int64_t w = 0; w < (length + 31) / 32; ++w)
         for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
-          visit(begin + w * 32 + __builtin_ctz(bits), value++);
+          visit(begin + w * 32 + std::countr_zero(bits), value++);
       break;
     }
     case position_encoding::offsets:
@@ -133,8 +115,7 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
       chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
       const threshold cut = select_threshold(scratch, length, kept, scratch + layout.chunk_size);
       std::int64_t value = first_value;
-      for_each_selected(scratch, length, kept, cut,
-                        [&](std::int64_t i) { visit(begin + i, value++); });
+      for_each_selected(scratch, length, cut, [&](std::int64_t i) { visit(begin + i, value++); });
     }
   }
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdint>
 #include <functional>
 
@@ -24,25 +25,84 @@ inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std
   if (k <= 0) return {0xffffffffu, 0};
   if (k >= n) return {0, n};  // every key is >= 0: keep all
 
-  std::array<std::int64_t, std::size_t{1} << select_radix_bits> histogram{};
-  for (std::int64_t i = 0; i < n; ++i) ++histogram[keys[i] >> select_radix_shift];
+  // Two interleaved histograms: magnitudes cluster in few bins, and consecutive increments of one
+  // counter would otherwise wait on each other.
+  constexpr std::size_t bins = std::size_t{1} << select_radix_bits;
+  std::array<std::uint32_t, 2 * bins> histograms{};
+  std::int64_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    ++histograms[keys[i] >> select_radix_shift];
+    ++histograms[bins + (keys[i + 1] >> select_radix_shift)];
+  }
+  if (i < n) ++histograms[keys[i] >> select_radix_shift];
 
   std::int64_t above = 0;  // keys in bins above the one holding the k-th largest
-  std::uint32_t bin = histogram.size() - 1;
-  while (above + histogram[bin] < k) above += histogram[bin--];
+  std::size_t bin = bins - 1;
+  for (;; --bin) {
+    const std::int64_t count = std::int64_t{histograms[bin]} + histograms[bins + bin];
+    if (above + count >= k) break;
+    above += count;
+  }
 
+  // Only the bin's keys remain candidates (a few percent for real activations: the branch is
+  // well predicted). Narrow them down by further radix passes over the lower bits, so the final
+  // ordering only sees a handful.
   std::int64_t candidates = 0;
-  for (std::int64_t i = 0; i < n; ++i)
-    if ((keys[i] >> select_radix_shift) == bin) scratch[candidates++] = keys[i];
-
-  const std::int64_t needed = k - above;  // in [1, candidates]
+  for (std::int64_t j = 0; j < n; ++j)
+    if ((keys[j] >> select_radix_shift) == bin) scratch[candidates++] = keys[j];
+  std::int64_t needed = k - above;  // in [1, candidates]
+  for (int shift = select_radix_shift; shift > 0 && candidates > 64;) {
+    const int bits = std::min(shift, 8);
+    shift -= bits;
+    const std::uint32_t digit_mask = (1u << bits) - 1;
+    std::array<std::int64_t, 256> sub_histogram{};
+    for (std::int64_t j = 0; j < candidates; ++j)
+      ++sub_histogram[(scratch[j] >> shift) & digit_mask];
+    std::uint32_t digit = digit_mask;
+    while (sub_histogram[digit] < needed) needed -= sub_histogram[digit--];
+    std::int64_t kept = 0;
+    for (std::int64_t j = 0; j < candidates; ++j)
+      if (((scratch[j] >> shift) & digit_mask) == digit) scratch[kept++] = scratch[j];
+    candidates = kept;
+  }
   std::nth_element(scratch, scratch + (needed - 1), scratch + candidates,
                    std::greater<std::uint32_t>());
   const std::uint32_t cut = scratch[needed - 1];
-  // scratch[0, needed-1) are >= cut; count those strictly above it.
+  // scratch[0, needed-1) are >= cut and hold every remaining candidate above it.
   std::int64_t strictly_above = 0;
-  for (std::int64_t i = 0; i < needed - 1; ++i) strictly_above += scratch[i] > cut;
+  for (std::int64_t j = 0; j < needed - 1; ++j) strictly_above += scratch[j] > cut;
   return {cut, needed - strictly_above};
+}
+
+/// Calls `visit(word, bits)` for each 32-key word of `keys[0, n)`, where bit j of `bits` says
+/// whether key 32 * word + j is kept under `cut`: keys above the cut, and the first `cut.ties`
+/// keys equal to it.
+template <class Visit>
+void for_each_selected_word(const std::uint32_t* keys, std::int64_t n, threshold cut,
+                            Visit&& visit) {
+  std::int64_t ties_left = cut.ties;
+  for (std::int64_t word = 0; word * 32 < n; ++word) {
+    const std::uint32_t* k = keys + word * 32;
+    const int length = static_cast<int>(std::min<std::int64_t>(32, n - word * 32));
+    std::uint32_t above = 0, equal = 0;
+    for (int j = 0; j < length; ++j) {
+      above |= static_cast<std::uint32_t>(k[j] > cut.key) << j;
+      equal |= static_cast<std::uint32_t>(k[j] == cut.key) << j;
+    }
+    for (; equal != 0 && ties_left > 0; --ties_left) {  // lowest indices first
+      above |= equal & (0u - equal);
+      equal &= equal - 1;
+    }
+    visit(word, above);
+  }
+}
+
+/// Calls `visit(index)` for each kept key, ascending.
+template <class Visit>
+void for_each_selected(const std::uint32_t* keys, std::int64_t n, threshold cut, Visit&& visit) {
+  for_each_selected_word(keys, n, cut, [&](std::int64_t word, std::uint32_t bits) {
+    for (; bits != 0; bits &= bits - 1) visit(word * 32 + std::countr_zero(bits));
+  });
 }
 
 }  // namespace dropit::detail::cpu

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "../../cache.hpp"
 #include "../../shape.hpp"
@@ -75,16 +76,22 @@ inline void store_gradient(T& out, float value, grad_mode mode) {
 
 // ---------------------------------------------------------------------------------------------
 // Linear: dW[N_out, K] = dZ[M, N_out]^T A[M, K].
+//
+// The kept entries arrive sorted by (row m, column i). Each block of `linear_row_block` rows is
+// regrouped by column i, so that dW[tile, i] accumulates in registers over the block's entries of
+// column i while the block's slice of dZ (row_block x tile floats) stays in L2.
 
-/// Output columns per tile: a tile's accumulator (K x 64 floats) stays in L2 while the kept
-/// entries stream past, and each entry is one contiguous 64-wide multiply-add.
 inline constexpr std::int64_t linear_tile = 64;
+inline constexpr std::int64_t linear_row_block = 1024;
 
 struct linear_scratch {
   decode_scratch decoded;
-  std::int64_t* row_begin = nullptr;  // M + 1 entry indices
-  float* dz = nullptr;                // converted dZ (16-bit types only)
-  float* accumulator = nullptr;       // [tiles][K][linear_tile]
+  std::int64_t* column_begin = nullptr;  // [blocks][K + 2], see regroup_by_column
+  std::uint32_t* column_rows = nullptr;  // [kept] row within its block, column-major per block
+  float* column_values = nullptr;        // [kept]
+  float* dz = nullptr;                   // converted dZ (16-bit types only)
+  float* accumulator = nullptr;          // [tiles][K][linear_tile]
+  float* packed_dz = nullptr;            // [threads][linear_row_block][linear_tile]
 };
 
 template <storage_type T>
@@ -93,23 +100,78 @@ linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_backend& b
                                   std::int64_t in_features, std::int64_t out_features) {
   linear_scratch scratch;
   scratch.decoded = add_decode_scratch(carver, backend, layout);
-  scratch.row_begin = carver.add<std::int64_t>(static_cast<std::size_t>(rows + 1));
+  const std::int64_t blocks = (rows + linear_row_block - 1) / linear_row_block;
+  scratch.column_begin =
+      carver.add<std::int64_t>(static_cast<std::size_t>(blocks * (in_features + 2)));
+  scratch.column_rows = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept()));
+  scratch.column_values = carver.add<float>(static_cast<std::size_t>(layout.kept()));
   if constexpr (!std::same_as<T, float>)
     scratch.dz = carver.add<float>(static_cast<std::size_t>(rows * out_features));
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
   scratch.accumulator =
       carver.add<float>(static_cast<std::size_t>(tiles * in_features * linear_tile));
+  const std::int64_t threads = std::min<std::int64_t>(backend.thread_count(), tiles);
+  scratch.packed_dz = carver.add<float>(static_cast<std::size_t>(
+      std::max<std::int64_t>(threads, 1) * linear_row_block * linear_tile));
   return scratch;
 }
 
-template <std::int64_t Width>
-inline void multiply_add(float* __restrict acc, const float* __restrict x, float scale,
-                         std::int64_t width) {
-  if constexpr (Width > 0) {
-#pragma GCC ivdep
-    for (std::int64_t o = 0; o < Width; ++o) acc[o] += scale * x[o];
-  } else {
-    for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
+/// Counting sort of one row block's entries by column. Afterwards the entries of column i are
+/// [begin[i], begin[i + 1]) (indices into the column arrays), holding their row within the block.
+inline void regroup_by_column(const sparse_entries& entries, std::int64_t first_row,
+                              std::int64_t end_row, std::int64_t in_features, std::int64_t* begin,
+                              std::uint32_t* column_rows, float* column_values) {
+  const std::int64_t first = entries.lower_bound(first_row * in_features);
+  const std::int64_t last = entries.lower_bound(end_row * in_features);
+  std::fill_n(begin, in_features + 2, first);
+  // Rows are found by walking, not dividing: entries are sorted by flat position.
+  auto for_each_entry = [&](auto&& visit) {
+    std::int64_t row = first_row, row_start = first_row * in_features;
+    for (std::int64_t e = first; e < last; ++e) {
+      while (entries.positions[e] >= row_start + in_features) {
+        ++row;
+        row_start += in_features;
+      }
+      visit(e, row - first_row, entries.positions[e] - row_start);
+    }
+  };
+  for_each_entry([&](std::int64_t, std::int64_t, std::int64_t column) { ++begin[column + 2]; });
+  for (std::int64_t i = 2; i < in_features + 2; ++i) begin[i] += begin[i - 1] - first;
+  for_each_entry([&](std::int64_t e, std::int64_t row, std::int64_t column) {
+    const std::int64_t slot = begin[column + 1]++;
+    column_rows[slot] = static_cast<std::uint32_t>(row);
+    column_values[slot] = entries.values[e];
+  });
+}
+
+#if defined(__GNUC__)
+/// Eight floats as one value: GCC and Clang keep arrays of these in vector registers, where a plain
+/// float array of the same size would be spilled to the stack. Only used inside function bodies,
+/// so no ABI depends on the target's vector width.
+using float8 = float __attribute__((vector_size(32)));
+#endif
+
+/// acc[0, width) += sum over the column's entries of value * dz[row][0, width).
+inline void accumulate_column(float* acc, const float* dz, std::int64_t dz_stride,
+                              const std::uint32_t* rows, const float* values, std::int64_t count,
+                              std::int64_t width) {
+#if defined(__GNUC__)
+  if (width == linear_tile) {
+    constexpr int lanes = linear_tile / 8;
+    float8 sum[lanes];
+    std::memcpy(sum, acc, sizeof sum);
+    for (std::int64_t e = 0; e < count; ++e) {
+      float8 row[lanes];
+      std::memcpy(row, dz + rows[e] * dz_stride, sizeof row);
+      for (int l = 0; l < lanes; ++l) sum[l] += values[e] * row[l];
+    }
+    std::memcpy(acc, sum, sizeof sum);
+    return;
+  }
+#endif
+  for (std::int64_t e = 0; e < count; ++e) {
+    const float* dz_row = dz + rows[e] * dz_stride;
+    for (std::int64_t o = 0; o < width; ++o) acc[o] += values[e] * dz_row[o];
   }
 }
 
@@ -118,27 +180,37 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
                         T* dw, std::int64_t rows, std::int64_t in_features,
                         std::int64_t out_features, grad_mode mode, const linear_scratch& scratch) {
   decode(backend, a, scratch.decoded);
-  const sparse_entries& entries = scratch.decoded.entries;
-  parallel_for(backend, rows + 1, [&](std::int64_t m, int) {
-    scratch.row_begin[m] = entries.lower_bound(m * in_features);
+  const std::int64_t blocks = (rows + linear_row_block - 1) / linear_row_block;
+  parallel_for(backend, blocks, [&](std::int64_t b, int) {
+    regroup_by_column(scratch.decoded.entries, b * linear_row_block,
+                      std::min(rows, (b + 1) * linear_row_block), in_features,
+                      scratch.column_begin + b * (in_features + 2), scratch.column_rows,
+                      scratch.column_values);
   });
   const float* dz_float = as_float(backend, dz, rows * out_features, scratch.dz);
 
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
-  parallel_for(backend, tiles, [&](std::int64_t tile, int) {
+  parallel_for(backend, tiles, [&](std::int64_t tile, int thread) {
     const std::int64_t first = tile * linear_tile;
     const std::int64_t width = std::min(linear_tile, out_features - first);
     float* acc = scratch.accumulator + tile * in_features * linear_tile;
+    float* packed = scratch.packed_dz + thread * linear_row_block * linear_tile;
     std::fill_n(acc, in_features * linear_tile, 0.0f);
-    for (std::int64_t m = 0; m < rows; ++m) {
-      const float* dz_row = dz_float + m * out_features + first;
-      const std::int64_t row_start = m * in_features;
-      for (std::int64_t e = scratch.row_begin[m]; e < scratch.row_begin[m + 1]; ++e) {
-        float* acc_row = acc + (entries.positions[e] - row_start) * linear_tile;
-        if (width == linear_tile)
-          multiply_add<linear_tile>(acc_row, dz_row, entries.values[e], width);
-        else
-          multiply_add<0>(acc_row, dz_row, entries.values[e], width);
+    for (std::int64_t b = 0; b < blocks; ++b) {
+      // Pack the block's slice of dZ contiguously: rows of dZ are often a power of two apart,
+      // and their slices would otherwise fight over the same few cache sets.
+      const std::int64_t first_row = b * linear_row_block;
+      const std::int64_t block_rows = std::min(linear_row_block, rows - first_row);
+      for (std::int64_t r = 0; r < block_rows; ++r)
+        std::copy_n(dz_float + (first_row + r) * out_features + first, width,
+                    packed + r * linear_tile);
+      const std::int64_t* begin = scratch.column_begin + b * (in_features + 2);
+      for (std::int64_t i = 0; i < in_features; ++i) {
+        const std::int64_t count = begin[i + 1] - begin[i];
+        if (count == 0) continue;
+        accumulate_column(acc + i * linear_tile, packed, linear_tile,
+                          scratch.column_rows + begin[i], scratch.column_values + begin[i], count,
+                          width);
       }
     }
     for (std::int64_t o = 0; o < width; ++o)
@@ -149,6 +221,11 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
 
 // ---------------------------------------------------------------------------------------------
 // Conv2d.
+
+inline void multiply_add(float* __restrict acc, const float* __restrict x, float scale,
+                         std::int64_t width) {
+  for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
+}
 
 struct conv2d_geometry {
   std::int64_t batch, in_channels, height, width;
@@ -227,7 +304,7 @@ void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x
             const float* dz_pixel = scratch.dz +
                                     ((n * g.out_height + oh) * g.out_width + ow) * g.out_channels +
                                     group_first_out;
-            multiply_add<0>(acc + (kh * g.kernel_w + kw) * group_out, dz_pixel, value, group_out);
+            multiply_add(acc + (kh * g.kernel_w + kw) * group_out, dz_pixel, value, group_out);
           }
         }
       }
