@@ -217,6 +217,49 @@ cache_layout plan_cache(const P& p, const shape& input_shape) {
   return plan_cache(p, input_shape, element_type_of<T>);
 }
 
+/// A policy chosen at run time (from a command line or a layer's options). `plan_cache` turns it
+/// into the same layout as the matching `policy<...>`.
+struct policy_spec {
+  selection_kind selection = selection_kind::chunked_min_k;
+  bool channel_granularity = false;
+  int channel_axis = 1;
+  double gamma = 0.9;
+  std::int64_t chunk_size = default_chunk_size;
+  std::uint64_t seed = 0;
+  bool rescale = false;
+};
+
+/// Calls `visit(p)` with the compile-time `policy<...>` that `spec` describes.
+template <class Visit>
+decltype(auto) visit_policy(const policy_spec& spec, Visit&& visit) {
+  const channel_granularity channel{spec.channel_axis};
+  switch (spec.selection) {
+    case selection_kind::random: {
+      const random_selection s{spec.gamma, spec.seed, spec.chunk_size, spec.rescale};
+      if (spec.channel_granularity)
+        return visit(policy<random_selection, channel_granularity>{s, channel});
+      return visit(policy<random_selection>{s, {}});
+    }
+    case selection_kind::min_k: {
+      const min_k_selection s{spec.gamma};
+      if (spec.channel_granularity)
+        return visit(policy<min_k_selection, channel_granularity>{s, channel});
+      return visit(policy<min_k_selection>{s, {}});
+    }
+    case selection_kind::chunked_min_k:
+      detail::expect(!spec.channel_granularity,
+                     "chunked min-k selects elements; channel granularity is available for random "
+                     "and min-k selection");
+      return visit(policy<chunked_min_k_selection>{{spec.gamma, spec.chunk_size}, {}});
+  }
+  detail::fail("unknown selection kind ", static_cast<int>(spec.selection));
+}
+
+inline cache_layout plan_cache(const policy_spec& spec, const shape& input_shape,
+                               element_type type) {
+  return visit_policy(spec, [&](const auto& p) { return plan_cache(p, input_shape, type); });
+}
+
 /// Non-owning view of a cache: a layout and its two buffers. `positions` must be 4-byte aligned.
 template <class T>
 struct cache_view {

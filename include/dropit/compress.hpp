@@ -52,8 +52,8 @@ template <class U, policy_type P, storage_type T = std::remove_const_t<U>>
 cache<T> compress(const cpu_backend& backend, const P& p, tensor_view<U> input) {
   cache<T> result(plan_cache<T>(p, input.shape));
   const std::size_t bytes = compress_workspace_bytes<T>(backend, result.layout());
-  auto memory = detail::cpu::allocate_workspace(bytes);
-  compress<T>(backend, input, result.view(), detail::cpu::aligned_span(memory, bytes));
+  std::vector<std::byte> memory(bytes);
+  compress<T>(backend, input, result.view(), workspace(memory));
   return result;
 }
 
@@ -79,9 +79,8 @@ template <class U, storage_type T = std::remove_const_t<U>>
 std::vector<T> densify(const cpu_backend& backend, cache_view<U> cache) {
   std::vector<T> out(static_cast<std::size_t>(cache.layout.numel()));
   const std::size_t bytes = densify_workspace_bytes<T>(backend, cache.layout);
-  auto memory = detail::cpu::allocate_workspace(bytes);
-  densify(backend, cache, tensor_view<T>{out.data(), cache.layout.shape},
-          detail::cpu::aligned_span(memory, bytes));
+  std::vector<std::byte> memory(bytes);
+  densify(backend, cache, tensor_view<T>{out.data(), cache.layout.shape}, workspace(memory));
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include "compress.hpp"
 #include "config.hpp"
 #include "policy.hpp"
+#include "relu_mask.hpp"
 #include "shape.hpp"
 #include "types.hpp"
 #include "weight_grad.hpp"

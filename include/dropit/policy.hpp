@@ -75,13 +75,17 @@ concept policy_type = requires {
 }
 &&std::same_as<P, policy<typename P::selection_type, typename P::granularity_type>>;
 
-/// How many of `n` candidates are kept at drop rate `gamma` in [0, 1): n - floor(gamma * n), with a
-/// small allowance so that decimal rates such as 0.29 * 100 drop exactly 29. Never 0 when n > 0.
+/// How many of `n` candidates are kept at drop rate `gamma` in [0, 1): n - floor(gamma * n). A
+/// product within a few ulps of an integer counts as that integer, so that decimal rates which
+/// binary cannot represent (0.29 * 100 = 28.999999999999996) drop exactly what they say. Never 0
+/// when n > 0.
 DROPIT_HOST_DEVICE constexpr std::int64_t kept_count(std::int64_t n, double gamma) {
-  const double dropped = gamma * static_cast<double>(n) + 1e-6;
-  auto floor_dropped = static_cast<std::int64_t>(dropped);  // dropped >= 0: truncation is floor
-  if (floor_dropped >= n) floor_dropped = n - 1;            // never drop everything
-  return n <= 0 ? 0 : n - floor_dropped;
+  if (n <= 0) return 0;
+  const double product = gamma * static_cast<double>(n);
+  const auto below = static_cast<std::int64_t>(product);  // product >= 0: truncation is floor
+  const double gap = static_cast<double>(below + 1) - product;
+  const std::int64_t dropped = gap <= 4 * 2.220446049250313e-16 * product ? below + 1 : below;
+  return dropped >= n ? 1 : n - dropped;  // never drop everything
 }
 
 namespace detail {

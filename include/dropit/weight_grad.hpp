@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "backend.hpp"
 #include "cache.hpp"
@@ -43,8 +44,14 @@ inline linear_dims check_linear(const cache_layout& a, const shape& dz, const sh
   const std::int64_t rows = a.shape.product(0, a.shape.rank - 1);
   expect(dz.rank >= 1, "dZ must have rank >= 1, got shape ", dz);
   const std::int64_t out_features = dz[dz.rank - 1];
-  expect(dz.product(0, dz.rank - 1) == rows, "dZ has shape ", dz, " (", dz.product(0, dz.rank - 1),
-         " rows) but the cached input ", a.shape, " has ", rows, " rows");
+  // dZ is [M, N_out], or carries A's leading dimensions: [..., N_out].
+  bool leading_match = dz.rank == 2 && dz[0] == rows;
+  if (dz.rank == a.shape.rank) {
+    leading_match = true;
+    for (int axis = 0; axis + 1 < dz.rank; ++axis) leading_match &= dz[axis] == a.shape[axis];
+  }
+  expect(leading_match, "dZ has shape ", dz, " but the cached input ", a.shape, " has ", rows,
+         " rows: expected [", rows, ", N_out] or its leading dimensions followed by N_out");
   expect(dw.rank == 2 && dw[0] == out_features && dw[1] == in_features, "dW has shape ", dw,
          " but expected [", out_features, ", ", in_features, "]");
   return {rows, in_features, out_features};
@@ -144,8 +151,8 @@ void linear_weight_grad(const cpu_backend& backend, cache_view<const std::type_i
                         grad_mode mode = grad_mode::overwrite) {
   const std::size_t bytes =
       linear_weight_grad_workspace_bytes<T>(backend, a.layout, dz.shape, dw.shape);
-  auto memory = detail::cpu::allocate_workspace(bytes);
-  linear_weight_grad<T>(backend, a, dz, dw, mode, detail::cpu::aligned_span(memory, bytes));
+  std::vector<std::byte> memory(bytes);
+  linear_weight_grad<T>(backend, a, dz, dw, mode, workspace(memory));
 }
 
 /// Workspace bytes `conv2d_weight_grad` needs.
@@ -180,8 +187,8 @@ void conv2d_weight_grad(const cpu_backend& backend, cache_view<const std::type_i
                         const conv2d_params& params, grad_mode mode = grad_mode::overwrite) {
   const std::size_t bytes =
       conv2d_weight_grad_workspace_bytes<T>(backend, x.layout, dz.shape, dw.shape, params);
-  auto memory = detail::cpu::allocate_workspace(bytes);
-  conv2d_weight_grad<T>(backend, x, dz, dw, params, mode, detail::cpu::aligned_span(memory, bytes));
+  std::vector<std::byte> memory(bytes);
+  conv2d_weight_grad<T>(backend, x, dz, dw, params, mode, workspace(memory));
 }
 
 }  // namespace dropit

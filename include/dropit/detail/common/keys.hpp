@@ -3,6 +3,7 @@
 // the same 32-bit keys, so they keep the same sets bit for bit.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../../config.hpp"
 #include "../../types.hpp"
@@ -10,15 +11,19 @@
 namespace dropit::detail {
 
 /// Key ordering elements by magnitude. Clearing the sign bit of an IEEE value leaves an unsigned
-/// integer that grows with |x|, puts every NaN above infinity and maps +0 and -0 together. 16-bit
+/// integer that grows with |x|, puts every NaN above infinity and maps +0 and -0 together; NaN
+/// payloads are clamped to one key so that all NaNs tie (and ties go to the lower index). 16-bit
 /// types are shifted into the high half so that a radix pass over the top bits sees their
 /// exponent, just as it does for float.
 template <storage_type T>
 DROPIT_HOST_DEVICE inline std::uint32_t magnitude_key(T value) {
-  if constexpr (sizeof(T) == 4)
-    return bits_of(value) & 0x7fffffffu;
-  else
-    return static_cast<std::uint32_t>(bits_of(value) & 0x7fffu) << 16;
+  // The smallest NaN of each format: infinity's bits plus one.
+  constexpr std::uint32_t nan_key = std::is_same_v<T, float>  ? 0x7f800001u
+                                    : std::is_same_v<T, half> ? 0x7c01u
+                                                              : 0x7f81u;
+  const std::uint32_t magnitude = bits_of(value) & (sizeof(T) == 4 ? 0x7fffffffu : 0x7fffu);
+  const std::uint32_t key = magnitude < nan_key ? magnitude : nan_key;
+  return sizeof(T) == 4 ? key : key << 16;
 }
 
 DROPIT_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {

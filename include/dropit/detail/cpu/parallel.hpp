@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 #include "../../backend.hpp"
 #include "../../config.hpp"
@@ -30,47 +29,43 @@ void parallel_for(const cpu_backend& backend, std::int64_t count, Body&& body) {
 }
 
 /// Lays out typed, 64-byte aligned segments in one workspace. The same sequence of `add` calls
-/// first sizes the workspace (no base) and then hands out the segments (with a base), so the size
-/// query and the use can never disagree.
+/// first sizes the workspace (no memory) and then hands out the segments (with memory), so the size
+/// query and the use can never disagree. The size includes the slack to align any base address.
 class workspace_carver {
  public:
+  static constexpr std::size_t alignment = 64;
+
   workspace_carver() = default;
-  explicit workspace_carver(workspace memory) : base_(memory.data()), capacity_(memory.size()) {}
+  explicit workspace_carver(workspace memory)
+      : base_(memory.data()),
+        capacity_(memory.size()),
+        start_((alignment - reinterpret_cast<std::uintptr_t>(memory.data()) % alignment) %
+               alignment) {}
 
   template <class T>
   T* add(std::size_t count) {
-    offset_ = (offset_ + 63) / 64 * 64;
-    T* segment = base_ ? reinterpret_cast<T*>(base_ + offset_) : nullptr;
+    offset_ = (offset_ + alignment - 1) / alignment * alignment;
+    T* segment = base_ ? reinterpret_cast<T*>(base_ + start_ + offset_) : nullptr;
     offset_ += count * sizeof(T);
     return segment;
   }
 
-  std::size_t bytes() const { return offset_; }
+  /// Bytes a workspace must have for everything added so far, whatever its alignment.
+  std::size_t bytes() const { return offset_ == 0 ? 0 : offset_ + alignment - 1; }
 
   /// Checks that the caller's memory covers everything added so far.
   void expect_fits(const char* operation) const {
-    expect(base_ != nullptr || offset_ == 0, operation, ": workspace is null but ", offset_,
-           " bytes are required");
-    expect(offset_ <= capacity_, operation, ": workspace of ", capacity_,
-           " bytes is smaller than the required ", offset_, " bytes");
+    if (offset_ == 0) return;
+    expect(base_ != nullptr, operation, ": workspace is null but ", bytes(), " bytes are required");
+    expect(bytes() <= capacity_, operation, ": workspace of ", capacity_,
+           " bytes is smaller than the required ", bytes(), " bytes");
   }
 
  private:
   std::byte* base_ = nullptr;
   std::size_t capacity_ = 0;
+  std::size_t start_ = 0;
   std::size_t offset_ = 0;
 };
-
-/// Owns workspace memory for the convenience overloads.
-inline std::vector<std::byte> allocate_workspace(std::size_t bytes) {
-  return std::vector<std::byte>(bytes + 64);
-}
-
-/// The 64-byte aligned span inside memory from `allocate_workspace`.
-inline workspace aligned_span(std::vector<std::byte>& memory, std::size_t bytes) {
-  auto address = reinterpret_cast<std::uintptr_t>(memory.data());
-  const std::size_t shift = (64 - address % 64) % 64;
-  return workspace(memory.data() + shift, bytes);
-}
 
 }  // namespace dropit::detail::cpu

@@ -11,6 +11,7 @@
 #include "../../shape.hpp"
 #include "cache_ops.hpp"
 #include "parallel.hpp"
+#include "simd.hpp"
 
 namespace dropit::detail::cpu {
 
@@ -89,9 +90,8 @@ struct linear_scratch {
   std::int64_t* column_begin = nullptr;  // [blocks][K + 2], see regroup_by_column
   std::uint32_t* column_rows = nullptr;  // [kept] row within its block, column-major per block
   float* column_values = nullptr;        // [kept]
-  float* dz = nullptr;                   // converted dZ (16-bit types only)
   float* accumulator = nullptr;          // [tiles][K][linear_tile]
-  float* packed_dz = nullptr;            // [threads][linear_row_block][linear_tile]
+  float* packed_dz = nullptr;            // one row block of dZ: [tiles][linear_row_block][tile]
 };
 
 template <storage_type T>
@@ -105,14 +105,11 @@ linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_backend& b
       carver.add<std::int64_t>(static_cast<std::size_t>(blocks * (in_features + 2)));
   scratch.column_rows = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept()));
   scratch.column_values = carver.add<float>(static_cast<std::size_t>(layout.kept()));
-  if constexpr (!std::same_as<T, float>)
-    scratch.dz = carver.add<float>(static_cast<std::size_t>(rows * out_features));
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
   scratch.accumulator =
       carver.add<float>(static_cast<std::size_t>(tiles * in_features * linear_tile));
-  const std::int64_t threads = std::min<std::int64_t>(backend.thread_count(), tiles);
-  scratch.packed_dz = carver.add<float>(static_cast<std::size_t>(
-      std::max<std::int64_t>(threads, 1) * linear_row_block * linear_tile));
+  scratch.packed_dz = carver.add<float>(
+      static_cast<std::size_t>(tiles * std::min(rows, linear_row_block) * linear_tile));
   return scratch;
 }
 
@@ -144,28 +141,25 @@ inline void regroup_by_column(const sparse_entries& entries, std::int64_t first_
   });
 }
 
-#if defined(__GNUC__)
-/// Eight floats as one value: GCC and Clang keep arrays of these in vector registers, where a plain
-/// float array of the same size would be spilled to the stack. Only used inside function bodies,
-/// so no ABI depends on the target's vector width.
-using float8 = float __attribute__((vector_size(32)));
-#endif
-
 /// acc[0, width) += sum over the column's entries of value * dz[row][0, width).
-inline void accumulate_column(float* acc, const float* dz, std::int64_t dz_stride,
-                              const std::uint32_t* rows, const float* values, std::int64_t count,
-                              std::int64_t width) {
+DROPIT_ALWAYS_INLINE void accumulate_column_kernel(float* acc, const float* dz,
+                                                   std::int64_t dz_stride,
+                                                   const std::uint32_t* rows, const float* values,
+                                                   std::int64_t count, std::int64_t width) {
 #if defined(__GNUC__)
   if (width == linear_tile) {
     constexpr int lanes = linear_tile / 8;
     float8 sum[lanes];
-    std::memcpy(sum, acc, sizeof sum);
+    for (int l = 0; l < lanes; ++l) load(sum[l], acc + 8 * l);
     for (std::int64_t e = 0; e < count; ++e) {
-      float8 row[lanes];
-      std::memcpy(row, dz + rows[e] * dz_stride, sizeof row);
-      for (int l = 0; l < lanes; ++l) sum[l] += values[e] * row[l];
+      const float* dz_row = dz + rows[e] * dz_stride;
+      for (int l = 0; l < lanes; ++l) {
+        float8 x;
+        load(x, dz_row + 8 * l);
+        sum[l] += values[e] * x;
+      }
     }
-    std::memcpy(acc, sum, sizeof sum);
+    for (int l = 0; l < lanes; ++l) store(acc + 8 * l, sum[l]);
     return;
   }
 #endif
@@ -174,6 +168,7 @@ inline void accumulate_column(float* acc, const float* dz, std::int64_t dz_strid
     for (std::int64_t o = 0; o < width; ++o) acc[o] += values[e] * dz_row[o];
   }
 }
+DROPIT_CPU_DISPATCH(accumulate_column)
 
 template <storage_type T>
 void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a, const T* dz,
@@ -187,24 +182,30 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
                       scratch.column_begin + b * (in_features + 2), scratch.column_rows,
                       scratch.column_values);
   });
-  const float* dz_float = as_float(backend, dz, rows * out_features, scratch.dz);
 
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
-  parallel_for(backend, tiles, [&](std::int64_t tile, int thread) {
-    const std::int64_t first = tile * linear_tile;
-    const std::int64_t width = std::min(linear_tile, out_features - first);
-    float* acc = scratch.accumulator + tile * in_features * linear_tile;
-    float* packed = scratch.packed_dz + thread * linear_row_block * linear_tile;
-    std::fill_n(acc, in_features * linear_tile, 0.0f);
-    for (std::int64_t b = 0; b < blocks; ++b) {
-      // Pack the block's slice of dZ contiguously: rows of dZ are often a power of two apart,
-      // and their slices would otherwise fight over the same few cache sets.
-      const std::int64_t first_row = b * linear_row_block;
-      const std::int64_t block_rows = std::min(linear_row_block, rows - first_row);
-      for (std::int64_t r = 0; r < block_rows; ++r)
-        std::copy_n(dz_float + (first_row + r) * out_features + first, width,
-                    packed + r * linear_tile);
-      const std::int64_t* begin = scratch.column_begin + b * (in_features + 2);
+  const std::int64_t block_capacity = std::min(rows, linear_row_block);
+  std::fill_n(scratch.accumulator, tiles * in_features * linear_tile, 0.0f);
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    // Copy the block's rows of dZ (as float) tile by tile, so that each tile reads a contiguous
+    // slice: rows of dZ are often a power of two apart, and strided slices of them would fight
+    // over the same few cache sets.
+    const std::int64_t first_row = b * linear_row_block;
+    const std::int64_t block_rows = std::min(linear_row_block, rows - first_row);
+    parallel_for(backend, block_rows, [&](std::int64_t r, int) {
+      const T* source = dz + (first_row + r) * out_features;
+      for (std::int64_t first = 0; first < out_features; first += linear_tile) {
+        float* target =
+            scratch.packed_dz + (first / linear_tile * block_capacity + r) * linear_tile;
+        const std::int64_t width = std::min(linear_tile, out_features - first);
+        for (std::int64_t o = 0; o < width; ++o) target[o] = to_float(source[first + o]);
+      }
+    });
+    const std::int64_t* begin = scratch.column_begin + b * (in_features + 2);
+    parallel_for(backend, tiles, [&](std::int64_t tile, int) {
+      const std::int64_t width = std::min(linear_tile, out_features - tile * linear_tile);
+      const float* packed = scratch.packed_dz + tile * block_capacity * linear_tile;
+      float* acc = scratch.accumulator + tile * in_features * linear_tile;
       for (std::int64_t i = 0; i < in_features; ++i) {
         const std::int64_t count = begin[i + 1] - begin[i];
         if (count == 0) continue;
@@ -212,7 +213,12 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
                           scratch.column_rows + begin[i], scratch.column_values + begin[i], count,
                           width);
       }
-    }
+    });
+  }
+  parallel_for(backend, tiles, [&](std::int64_t tile, int) {
+    const std::int64_t first = tile * linear_tile;
+    const std::int64_t width = std::min(linear_tile, out_features - first);
+    const float* acc = scratch.accumulator + tile * in_features * linear_tile;
     for (std::int64_t o = 0; o < width; ++o)
       for (std::int64_t i = 0; i < in_features; ++i)
         store_gradient(dw[(first + o) * in_features + i], acc[i * linear_tile + o], mode);
@@ -222,8 +228,8 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
 // ---------------------------------------------------------------------------------------------
 // Conv2d.
 
-inline void multiply_add(float* __restrict acc, const float* __restrict x, float scale,
-                         std::int64_t width) {
+DROPIT_ALWAYS_INLINE void multiply_add(float* __restrict acc, const float* __restrict x,
+                                       float scale, std::int64_t width) {
   for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
 }
 
@@ -264,6 +270,45 @@ inline std::int64_t conv_output_index(std::int64_t x, std::int64_t tap, std::int
   return out < out_extent ? out : -1;
 }
 
+/// The weight-gradient rows of input channel `c`: every kept element of the channel meets, through
+/// each kernel tap, one output pixel whose C_out/groups gradients it scales into the accumulator.
+DROPIT_ALWAYS_INLINE void accumulate_conv_channel_kernel(const conv2d_geometry* geometry,
+                                                         const sparse_entries* kept,
+                                                         const float* dz, float* accumulator,
+                                                         std::int64_t c) {
+  const conv2d_geometry& g = *geometry;
+  const sparse_entries& entries = *kept;
+  const std::int64_t taps = g.kernel_h * g.kernel_w;
+  const std::int64_t group_out = g.out_per_group();
+  const std::int64_t plane_size = g.height * g.width;
+  float* acc = accumulator + c * taps * group_out;
+  std::fill_n(acc, taps * group_out, 0.0f);
+  const std::int64_t group_first_out = c / g.in_per_group() * group_out;
+  for (std::int64_t n = 0; n < g.batch; ++n) {
+    const std::int64_t base = (n * g.in_channels + c) * plane_size;
+    const std::int64_t end = entries.lower_bound(base + plane_size);
+    for (std::int64_t e = entries.lower_bound(base); e < end; ++e) {
+      const std::int64_t offset = entries.positions[e] - base;
+      const std::int64_t h = offset / g.width, w = offset % g.width;
+      const float value = entries.values[e];
+      for (std::int64_t kh = 0; kh < g.kernel_h; ++kh) {
+        const std::int64_t oh =
+            conv_output_index(h, kh, g.stride_h, g.pad_h, g.dilation_h, g.out_height);
+        if (oh < 0) continue;
+        for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
+          const std::int64_t ow =
+              conv_output_index(w, kw, g.stride_w, g.pad_w, g.dilation_w, g.out_width);
+          if (ow < 0) continue;
+          const float* dz_pixel =
+              dz + ((n * g.out_height + oh) * g.out_width + ow) * g.out_channels + group_first_out;
+          multiply_add(acc + (kh * g.kernel_w + kw) * group_out, dz_pixel, value, group_out);
+        }
+      }
+    }
+  }
+}
+DROPIT_CPU_DISPATCH(accumulate_conv_channel)
+
 template <storage_type T>
 void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x, const T* dz,
                         T* dw, const conv2d_geometry& g, grad_mode mode,
@@ -281,34 +326,9 @@ void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x
 
   const std::int64_t taps = g.kernel_h * g.kernel_w;
   const std::int64_t group_out = g.out_per_group();
-  const std::int64_t plane_size = g.height * g.width;
   parallel_for(backend, g.in_channels, [&](std::int64_t c, int) {
-    float* acc = scratch.accumulator + c * taps * group_out;
-    std::fill_n(acc, taps * group_out, 0.0f);
-    const std::int64_t group_first_out = c / g.in_per_group() * group_out;
-    for (std::int64_t n = 0; n < g.batch; ++n) {
-      const std::int64_t base = (n * g.in_channels + c) * plane_size;
-      const std::int64_t end = entries.lower_bound(base + plane_size);
-      for (std::int64_t e = entries.lower_bound(base); e < end; ++e) {
-        const std::int64_t offset = entries.positions[e] - base;
-        const std::int64_t h = offset / g.width, w = offset % g.width;
-        const float value = entries.values[e];
-        for (std::int64_t kh = 0; kh < g.kernel_h; ++kh) {
-          const std::int64_t oh =
-              conv_output_index(h, kh, g.stride_h, g.pad_h, g.dilation_h, g.out_height);
-          if (oh < 0) continue;
-          for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
-            const std::int64_t ow =
-                conv_output_index(w, kw, g.stride_w, g.pad_w, g.dilation_w, g.out_width);
-            if (ow < 0) continue;
-            const float* dz_pixel = scratch.dz +
-                                    ((n * g.out_height + oh) * g.out_width + ow) * g.out_channels +
-                                    group_first_out;
-            multiply_add(acc + (kh * g.kernel_w + kw) * group_out, dz_pixel, value, group_out);
-          }
-        }
-      }
-    }
+    accumulate_conv_channel(&g, &entries, static_cast<const float*>(scratch.dz),
+                            scratch.accumulator, c);
   });
 
   const std::int64_t group_in = g.in_per_group();

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Builds dropit's CPU benchmarks (Release, -march=native) and runs them on a quiet machine:
+#   benchmarks/results/cpu-<machine>.json   Google Benchmark output (host name removed)
+#   benchmarks/results/cpu.md               Markdown table from report.py
+# Arguments go to the benchmark binary, e.g. --benchmark_filter=compress (the files are still
+# written). Environment: DROPIT_BENCH_BUILD_DIR (default build-bench), DROPIT_BENCH_JOBS (2),
+# DROPIT_BENCH_THREADS (every core), DROPIT_BENCH_MIN_TIME (seconds per repetition, 0.5).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+build="${DROPIT_BENCH_BUILD_DIR:-$root/build-bench}"
+results="$here/results"
+
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDROPIT_BUILD_BENCHMARKS=ON \
+  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=OFF -DDROPIT_BENCH_NATIVE=ON
+cmake --build "$build" --target dropit_bench_cpu -j "${DROPIT_BENCH_JOBS:-2}"
+
+# One thread count for dropit (OpenMP), OpenBLAS and the baselines' OpenMP loops.
+cores="$(nproc)"
+export DROPIT_BENCH_THREADS="${DROPIT_BENCH_THREADS:-$cores}"
+export OMP_NUM_THREADS="$DROPIT_BENCH_THREADS" OPENBLAS_NUM_THREADS="$DROPIT_BENCH_THREADS"
+# libgomp threads spin after each parallel region by default and steal the cores OpenBLAS needs
+# in the im2col + sgemm baselines (2-6x slower there); dropit's own times do not change.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
+# A machine label without the host name: CPU model and core count, e.g. amd-epyc-2c.
+model="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
+label="$(printf '%s' "${model:-cpu}" | tr '[:upper:]' '[:lower:]' |
+  sed -E 's/\((r|tm)\)//g; s/@.*$//; s/ (cpu|processor)( |$)/ /g' |
+  sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')"
+label="$label-${cores}c"
+json="$results/cpu-$label.json"
+mkdir -p "$results"
+
+# Three repetitions, reporting their median; the warm-up absorbs thread-pool start-up and the
+# other library's threads winding down from the previous case. About 5-10 minutes on 2 cores.
+"$build/benchmarks/dropit_bench_cpu" \
+  --benchmark_out="$json" --benchmark_out_format=json \
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-0.5}" --benchmark_min_warmup_time=0.05 \
+  "$@"
+
+python3 - "$json" <<'EOF'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    data = json.load(f)
+data.get("context", {}).pop("host_name", None)
+with open(path, "w") as f:
+    json.dump(data, f, indent=2)
+    f.write("\n")
+EOF
+
+fields='Model name|Socket\(s\)|Core\(s\) per socket|Thread\(s\) per core|L3 cache'
+lscpu_summary="$(lscpu | grep -E "^($fields):" |
+  sed -E 's/[[:space:]]+/ /g' | paste -sd ';' - | sed 's/;/; /g')"
+python3 "$here/report.py" "$json" --label "$label" --lscpu "$lscpu_summary" \
+  --output "$results/cpu.md"
+echo "wrote $json and $results/cpu.md"

@@ -1,0 +1,13 @@
+#pragma once
+/// @file
+/// LibTorch adapters (namespace dropit::torch): drop-in Linear, Conv2d and 1-bit ReLU layers,
+/// `convert` for existing models, and allocator-level memory measurement. Include explicitly; the
+/// core umbrella `dropit.hpp` does not pull in LibTorch.
+
+#include "dropit.hpp"
+#include "torch/compat.hpp"
+#include "torch/convert.hpp"
+#include "torch/functions.hpp"
+#include "torch/memory.hpp"
+#include "torch/modules.hpp"
+#include "torch/tensor.hpp"

@@ -1,0 +1,56 @@
+#pragma once
+/// @file
+/// The one place that knows which LibTorch it is built against (Debian's 1.13 CPU build, or 2.x
+/// with CUDA). Everything else in dropit::torch is version-agnostic.
+
+#include <torch/torch.h>
+#include <torch/version.h>
+
+#include <variant>
+
+// Set by the dropit::torch CMake target when the LibTorch found was built with CUDA (some CPU
+// packages ship the CUDA headers too, so their presence proves nothing).
+#if defined(DROPIT_TORCH_WITH_CUDA) && DROPIT_TORCH_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#define DROPIT_TORCH_HAS_CUDA 1
+#else
+#define DROPIT_TORCH_HAS_CUDA 0
+#endif
+
+namespace dropit::torch::compat {
+
+inline constexpr bool torch_at_least(int major, int minor) {
+  return TORCH_VERSION_MAJOR > major ||
+         (TORCH_VERSION_MAJOR == major && TORCH_VERSION_MINOR >= minor);
+}
+
+/// Options such as Conv2d's padding are c10::variant before LibTorch 2 and std::variant after.
+#if TORCH_VERSION_MAJOR < 2
+using c10::get_if;
+using c10::holds_alternative;
+#else
+using std::get_if;
+using std::holds_alternative;
+#endif
+
+/// LibTorch 2.3 made `Allocator::copy_data` pure virtual; older versions do not have it.
+#define DROPIT_TORCH_ALLOCATOR_COPY_DATA \
+  (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+
+#if DROPIT_TORCH_HAS_CUDA
+struct cuda_memory {
+  std::int64_t current = 0, peak = 0;
+};
+
+/// Current and peak bytes the CUDA caching allocator has handed out on `device`.
+inline cuda_memory cuda_allocated(int device) {
+  const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
+  const auto& all = stats.allocated_bytes[static_cast<std::size_t>(
+      c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  return {all.current, all.peak};
+}
+
+inline void reset_cuda_peak(int device) { c10::cuda::CUDACachingAllocator::resetPeakStats(device); }
+#endif
+
+}  // namespace dropit::torch::compat

@@ -1,0 +1,145 @@
+#pragma once
+/// @file
+/// `convert`: replaces the Linear and Conv2d layers (and optionally ReLU) of a module tree by
+/// dropit layers that share the existing parameters.
+///
+/// LibTorch modules call their children through C++ members, which cannot be swapped from outside;
+/// `torch::nn::Sequential` calls its children through type-erased slots, which can. So `convert`
+/// replaces layers held by a Sequential, and lists any other candidate as not converted, with the
+/// reason, in its report.
+
+#include <memory>
+#include <ostream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "modules.hpp"
+
+namespace dropit::torch {
+
+struct ConvertOptions {
+  /// What the converted layers keep.
+  TORCH_ARG(DropitOptions, dropit);
+  /// Also replace ReLU by the 1-bit-mask ReLU (needed for conv caches to free memory).
+  TORCH_ARG(bool, relu) = false;
+  /// Leave the first Linear or Conv2d (in registration order) dense: its input is the data batch,
+  /// which stays alive anyway.
+  TORCH_ARG(bool, skip_first) = true;
+  /// Leave layers whose qualified name ("features.3") matches this regular expression.
+  TORCH_ARG(std::string, exclude) = "";
+};
+
+struct ConvertReport {
+  std::vector<std::string> converted;
+  /// Qualified name and the reason it was left as it was.
+  std::vector<std::pair<std::string, std::string>> skipped;
+
+  friend std::ostream& operator<<(std::ostream& out, const ConvertReport& report) {
+    out << "converted " << report.converted.size() << " layer(s)";
+    for (const auto& name : report.converted) out << "\n  + " << name;
+    for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
+    return out;
+  }
+};
+
+namespace detail {
+
+class converter {
+ public:
+  explicit converter(const ConvertOptions& options)
+      : options_(options), exclude_(options.exclude()) {
+    options.dropit().validate();
+  }
+
+  void visit(::torch::nn::Module& parent, const std::string& prefix) {
+    auto* sequential = dynamic_cast<::torch::nn::SequentialImpl*>(&parent);
+    std::size_t index = 0;
+    for (const auto& item : parent.named_children()) {
+      const std::string& name = item.key();
+      const std::shared_ptr<::torch::nn::Module>& child = item.value();
+      const std::string qualified = prefix.empty() ? name : prefix + "." + name;
+      std::shared_ptr<::torch::nn::Module> replacement = replacement_for(*child, qualified);
+      if (replacement) {
+        if (sequential) {
+          *(sequential->begin() + static_cast<std::ptrdiff_t>(index)) = any_module(replacement);
+          parent.replace_module(name, replacement);
+          report_.converted.push_back(qualified);
+        } else {
+          report_.skipped.emplace_back(
+              qualified, "held by a C++ member of " + parent.name() +
+                             ", which convert cannot rebind; hold it in a torch::nn::Sequential "
+                             "or build it as a dropit layer");
+        }
+      } else {
+        visit(*child, qualified);
+      }
+      ++index;
+    }
+  }
+
+  ConvertReport report() const { return report_; }
+
+ private:
+  /// The dropit layer that should stand in for `child`, or null.
+  std::shared_ptr<::torch::nn::Module> replacement_for(::torch::nn::Module& child,
+                                                       const std::string& name) {
+    auto* linear = dynamic_cast<::torch::nn::LinearImpl*>(&child);
+    auto* conv = dynamic_cast<::torch::nn::Conv2dImpl*>(&child);
+    auto* relu = dynamic_cast<::torch::nn::ReLUImpl*>(&child);
+    if (linear || conv) {
+      if (options_.skip_first() && !seen_first_) {
+        seen_first_ = true;
+        report_.skipped.emplace_back(name, "first layer (skip_first)");
+        return nullptr;
+      }
+      seen_first_ = true;
+    }
+    if ((linear || conv || relu) && !options_.exclude().empty() &&
+        std::regex_search(name, exclude_)) {
+      report_.skipped.emplace_back(name, "matches exclude pattern");
+      return nullptr;
+    }
+    DropitOptions layer_options = options_.dropit();
+    layer_options.seed(options_.dropit().seed() + layers_++ * 0x9e3779b97f4a7c15ull);
+    if (linear) return std::make_shared<LinearImpl>(*linear, layer_options);
+    if (conv) return std::make_shared<Conv2dImpl>(*conv, layer_options);
+    if (relu && options_.relu()) {
+      auto replacement = std::make_shared<ReLUImpl>();
+      replacement->train(relu->is_training());
+      return replacement;
+    }
+    return nullptr;
+  }
+
+  static ::torch::nn::AnyModule any_module(const std::shared_ptr<::torch::nn::Module>& m) {
+    if (auto linear = std::dynamic_pointer_cast<LinearImpl>(m))
+      return ::torch::nn::AnyModule(linear);
+    if (auto conv = std::dynamic_pointer_cast<Conv2dImpl>(m)) return ::torch::nn::AnyModule(conv);
+    return ::torch::nn::AnyModule(std::dynamic_pointer_cast<ReLUImpl>(m));
+  }
+
+  ConvertOptions options_;
+  std::regex exclude_;
+  ConvertReport report_;
+  bool seen_first_ = false;
+  std::uint64_t layers_ = 0;
+};
+
+}  // namespace detail
+
+/// Replaces the Linear and Conv2d layers of `root` (and ReLU when asked) by dropit layers that
+/// share their parameters. Returns what was converted and what was left, with reasons.
+inline ConvertReport convert(::torch::nn::Module& root, const ConvertOptions& options = {}) {
+  detail::converter c(options);
+  c.visit(root, "");
+  return c.report();
+}
+
+template <class ModuleHolder>
+ConvertReport convert(ModuleHolder& root, const ConvertOptions& options = {}) requires requires {
+  root.ptr();
+}
+{ return convert(*root.ptr(), options); }
+
+}  // namespace dropit::torch

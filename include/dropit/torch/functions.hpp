@@ -1,0 +1,159 @@
+#pragma once
+/// @file
+/// Autograd functions: linear and conv2d that save a compact cache of their input instead of the
+/// input, and a ReLU that saves a 1-bit mask instead of its output. The input gradient always
+/// uses the full weight; only the weight gradient is computed from the cache.
+
+#include <optional>
+#include <vector>
+
+#include "tensor.hpp"
+
+namespace dropit::torch {
+
+namespace detail {
+
+inline void save_cache(::torch::autograd::AutogradContext* ctx, const saved_cache& cache) {
+  ctx->saved_data["cache_values"] = cache.values;
+  ctx->saved_data["cache_positions"] = cache.positions;
+  ctx->saved_data["cache_layout"] = cache.packed_layout();
+}
+
+inline saved_cache load_cache(::torch::autograd::AutogradContext* ctx) {
+  saved_cache cache;
+  cache.values = ctx->saved_data["cache_values"].toTensor();
+  cache.positions = ctx->saved_data["cache_positions"].toTensor();
+  cache.layout = saved_cache::unpack_layout(ctx->saved_data["cache_layout"].toIntVector());
+  return cache;
+}
+
+/// Sums `dz` over every axis but `keep` (the bias gradient).
+inline at::Tensor sum_except(const at::Tensor& dz, std::int64_t keep) {
+  std::vector<std::int64_t> axes;
+  for (std::int64_t a = 0; a < dz.dim(); ++a)
+    if (a != keep) axes.push_back(a);
+  return dz.sum(axes);
+}
+
+}  // namespace detail
+
+/// y = x Wᵀ + b, caching x compactly when W needs a gradient.
+struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const policy_spec& spec) {
+    expect_usable(input, "linear input");
+    dropit::detail::expect(input.dim() >= 1 && input.size(-1) == weight.size(1),
+                           "linear input of shape ", shape_of(input), " does not end in ",
+                           weight.size(1), " features");
+    ctx->save_for_backward({weight});
+    ctx->saved_data["has_bias"] = bias.defined();
+    if (weight.requires_grad()) detail::save_cache(ctx, compress(input, spec));
+    return at::linear(input, weight, bias);
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const at::Tensor dz = grads[0].contiguous();
+    at::Tensor d_input, d_weight, d_bias;
+    if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
+    if (ctx->needs_input_grad(1)) {
+      d_weight = linear_weight_grad(detail::load_cache(ctx), dz.reshape({-1, dz.size(-1)}));
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      d_bias = detail::sum_except(dz, dz.dim() - 1);
+    return {d_input, d_weight, d_bias, at::Tensor()};
+  }
+};
+
+/// Conv2d with zero padding, caching its input compactly when the weight needs a gradient.
+struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias,
+                            const conv2d_params& params, const policy_spec& spec) {
+    expect_usable(input, "conv2d input");
+    dropit::detail::expect(input.dim() == 4, "conv2d input must be [N, C, H, W], got shape ",
+                           shape_of(input));
+    ctx->save_for_backward({weight});
+    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["input_sizes"] = input.sizes().vec();
+    ctx->saved_data["stride"] = std::vector<std::int64_t>{params.stride[0], params.stride[1]};
+    ctx->saved_data["padding"] = std::vector<std::int64_t>{params.padding[0], params.padding[1]};
+    ctx->saved_data["dilation"] = std::vector<std::int64_t>{params.dilation[0], params.dilation[1]};
+    ctx->saved_data["groups"] = params.groups;
+    if (weight.requires_grad()) detail::save_cache(ctx, compress(input, spec));
+    return at::conv2d(input, weight, bias, {params.stride[0], params.stride[1]},
+                      {params.padding[0], params.padding[1]},
+                      {params.dilation[0], params.dilation[1]}, params.groups);
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const at::Tensor dz = grads[0].contiguous();
+    const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const auto dilation = ctx->saved_data["dilation"].toIntVector();
+    const std::int64_t groups = ctx->saved_data["groups"].toInt();
+    at::Tensor d_input, d_weight, d_bias;
+    if (ctx->needs_input_grad(0)) {
+      // The transposed convolution maps dZ back onto the input grid; output_padding restores the
+      // rows and columns a strided forward did not reach.
+      std::vector<std::int64_t> output_padding(2);
+      for (int i = 0; i < 2; ++i)
+        output_padding[i] =
+            input_sizes[2 + i] - ((dz.size(2 + i) - 1) * stride[i] - 2 * padding[i] +
+                                  dilation[i] * (weight.size(2 + i) - 1) + 1);
+      d_input =
+          at::conv_transpose2d(dz, weight, {}, stride, padding, output_padding, groups, dilation);
+    }
+    if (ctx->needs_input_grad(1)) {
+      conv2d_params params;
+      for (int i = 0; i < 2; ++i) {
+        params.stride[i] = stride[i];
+        params.padding[i] = padding[i];
+        params.dilation[i] = dilation[i];
+      }
+      params.groups = groups;
+      d_weight = conv2d_weight_grad(detail::load_cache(ctx), dz, weight.sizes(), params);
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      d_bias = dz.sum({0, 2, 3});
+    return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
+/// ReLU that saves one bit per element (where its output is positive) instead of its output.
+struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input) {
+    expect_usable(input, "ReLU input");
+    const cpu_backend backend = backend_for(input, "ReLU input");
+    at::Tensor output = at::relu(input);
+    at::Tensor mask = at::empty({relu_mask_words(output.numel())}, input.options().dtype(at::kInt));
+    visit_dtype(output.scalar_type(), "ReLU input", [&](auto tag) {
+      using T = decltype(tag);
+      pack_relu_mask<T>(backend, const_view<T>(output, "ReLU output"),
+                        static_cast<std::uint32_t*>(mask.data_ptr()));
+    });
+    ctx->saved_data["mask"] = mask;
+    return output;
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const at::Tensor dy = grads[0].contiguous();
+    const at::Tensor mask = ctx->saved_data["mask"].toTensor();
+    at::Tensor dx = at::empty_like(dy);
+    visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
+      using T = decltype(tag);
+      apply_relu_mask<T>(backend_for(dy, "ReLU gradient"),
+                         static_cast<const std::uint32_t*>(mask.data_ptr()),
+                         const_view<T>(dy, "ReLU gradient"), mutable_view<T>(dx, "ReLU dx"));
+    });
+    return {dx};
+  }
+};
+
+}  // namespace dropit::torch

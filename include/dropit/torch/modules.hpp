@@ -1,0 +1,203 @@
+#pragma once
+/// @file
+/// Drop-in replacements for torch::nn::Linear, torch::nn::Conv2d and torch::nn::ReLU. Parameters
+/// have torch's names, shapes and initialisation (they are created by torch's own layer), so state
+/// dicts load either way. In training mode with gradients enabled the layers save a compact cache;
+/// in eval mode or under no-grad they run the plain dense forward and sparsify nothing.
+
+#include <cstdint>
+#include <ostream>
+
+#include "functions.hpp"
+
+namespace dropit::torch {
+
+enum class granularity_kind : std::uint8_t { element, channel };
+
+/// TORCH_MODULE names `torch::nn` unqualified, which inside dropit::torch means this namespace.
+#define DROPIT_TORCH_MODULE(Name)                              \
+  class Name : public ::torch::nn::ModuleHolder<Name##Impl> {  \
+   public:                                                     \
+    using ::torch::nn::ModuleHolder<Name##Impl>::ModuleHolder; \
+    using Impl = Name##Impl;                                   \
+  }
+
+namespace detail {
+
+/// torch::nn::Conv2dImpl keeps its options in the N-d base type; rebuild the 2-d builder.
+inline ::torch::nn::Conv2dOptions conv2d_options_of(
+    const ::torch::nn::detail::ConvNdOptions<2>& o) {
+  return ::torch::nn::Conv2dOptions(o.in_channels(), o.out_channels(), o.kernel_size())
+      .stride(o.stride())
+      .padding(o.padding())
+      .dilation(o.dilation())
+      .groups(o.groups())
+      .bias(o.bias())
+      .padding_mode(o.padding_mode());
+}
+
+}  // namespace detail
+
+/// What a dropit layer keeps, as a torch-style options builder.
+struct DropitOptions {
+  /// The core policy for a layer whose channels lie on `channel_axis`, for forward call `call`.
+  policy_spec spec(int channel_axis, std::uint64_t call) const {
+    policy_spec s;
+    s.selection = selection();
+    s.channel_granularity = granularity() == granularity_kind::channel;
+    s.channel_axis = channel_axis;
+    s.gamma = gamma();
+    s.chunk_size = chunk_size();
+    s.seed = dropit::detail::mix64(seed() + call);
+    s.rescale = rescale();
+    return s;
+  }
+
+  /// Throws `dropit::error` for options no cache could be planned with.
+  void validate() const { plan_cache(spec(0, 0), dropit::shape{1}, element_type::float32); }
+
+  /// Fraction of the cached input to drop, in [0, 1).
+  TORCH_ARG(double, gamma) = 0.9;
+  TORCH_ARG(selection_kind, selection) = selection_kind::chunked_min_k;
+  TORCH_ARG(granularity_kind, granularity) = granularity_kind::element;
+  /// Chunk length D of chunked min-k and random selection, in [1, 65536].
+  TORCH_ARG(std::int64_t, chunk_size) = default_chunk_size;
+  /// Seed of random selection; each forward call draws afresh from (seed, call number).
+  TORCH_ARG(std::uint64_t, seed) = 0;
+  /// Scale kept values by n/k for random selection.
+  TORCH_ARG(bool, rescale) = false;
+};
+
+/// torch::nn::Linear that caches its input compactly.
+class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
+ public:
+  LinearImpl(std::int64_t in_features, std::int64_t out_features)
+      : LinearImpl(::torch::nn::LinearOptions(in_features, out_features)) {}
+  explicit LinearImpl(const ::torch::nn::LinearOptions& options, DropitOptions dropit = {})
+      : options(options), dropit(std::move(dropit)) {
+    reset();
+  }
+  /// Takes over the parameters of an existing dense layer (they stay shared with it).
+  LinearImpl(const ::torch::nn::LinearImpl& dense, DropitOptions dropit)
+      : options(dense.options), dropit(std::move(dropit)) {
+    this->dropit.validate();
+    adopt(dense.weight, dense.bias);
+    train(dense.is_training());
+  }
+
+  void reset() override {
+    dropit.validate();
+    ::torch::nn::Linear reference(options);  // torch's own initialisation
+    adopt(reference->weight, reference->bias);
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
+      return LinearFunction::apply(input, weight, bias, dropit.spec(-1, calls_++));
+    return at::linear(input, weight, bias);
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "dropit::torch::Linear(in_features=" << options.in_features()
+           << ", out_features=" << options.out_features() << ", bias=" << options.bias()
+           << ", gamma=" << dropit.gamma() << ")";
+  }
+
+  ::torch::nn::LinearOptions options;
+  DropitOptions dropit;
+  at::Tensor weight, bias;
+
+ private:
+  void adopt(const at::Tensor& w, const at::Tensor& b) {
+    weight = register_parameter("weight", w);
+    bias = register_parameter("bias", b, /*requires_grad=*/b.defined());
+  }
+  std::uint64_t calls_ = 0;
+};
+DROPIT_TORCH_MODULE(Linear);
+
+/// torch::nn::Conv2d (zero padding) that caches its input compactly.
+class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
+ public:
+  explicit Conv2dImpl(const ::torch::nn::Conv2dOptions& options, DropitOptions dropit = {})
+      : options(options), dropit(std::move(dropit)) {
+    reset();
+  }
+  Conv2dImpl(const ::torch::nn::Conv2dImpl& dense, DropitOptions dropit)
+      : options(detail::conv2d_options_of(dense.options)), dropit(std::move(dropit)) {
+    check_options();
+    adopt(dense.weight, dense.bias);
+    train(dense.is_training());
+  }
+
+  void reset() override {
+    check_options();
+    ::torch::nn::Conv2d reference(options);
+    adopt(reference->weight, reference->bias);
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
+      return Conv2dFunction::apply(input, weight, bias, params_, dropit.spec(1, calls_++));
+    return at::conv2d(input, weight, bias, {params_.stride[0], params_.stride[1]},
+                      {params_.padding[0], params_.padding[1]},
+                      {params_.dilation[0], params_.dilation[1]}, params_.groups);
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "dropit::torch::Conv2d(" << options.in_channels() << ", " << options.out_channels()
+           << ", kernel_size=" << options.kernel_size() << ", stride=" << options.stride()
+           << ", gamma=" << dropit.gamma() << ")";
+  }
+
+  ::torch::nn::Conv2dOptions options;
+  DropitOptions dropit;
+  at::Tensor weight, bias;
+
+ private:
+  void check_options() {
+    dropit.validate();
+    dropit::detail::expect(
+        compat::holds_alternative<::torch::enumtype::kZeros>(options.padding_mode()),
+        "dropit::torch::Conv2d supports padding_mode zeros only");
+    const auto& padding = options.padding();
+    if (const auto* explicit_padding = compat::get_if<::torch::ExpandingArray<2>>(&padding)) {
+      params_.padding[0] = (**explicit_padding)[0];
+      params_.padding[1] = (**explicit_padding)[1];
+    } else {
+      dropit::detail::expect(compat::holds_alternative<::torch::enumtype::kValid>(padding),
+                             "dropit::torch::Conv2d needs explicit or 'valid' padding; "
+                             "compute the 'same' padding for your kernel and pass it");
+      params_.padding[0] = params_.padding[1] = 0;
+    }
+    for (int i = 0; i < 2; ++i) {
+      params_.stride[i] = (*options.stride())[i];
+      params_.dilation[i] = (*options.dilation())[i];
+    }
+    params_.groups = options.groups();
+  }
+  void adopt(const at::Tensor& w, const at::Tensor& b) {
+    weight = register_parameter("weight", w);
+    bias = register_parameter("bias", b, /*requires_grad=*/b.defined());
+  }
+  conv2d_params params_{};
+  std::uint64_t calls_ = 0;
+};
+DROPIT_TORCH_MODULE(Conv2d);
+
+/// ReLU that keeps a 1-bit mask for backward instead of its output.
+class ReLUImpl : public ::torch::nn::Cloneable<ReLUImpl> {
+ public:
+  ReLUImpl() = default;
+  void reset() override {}
+
+  at::Tensor forward(const at::Tensor& input) {
+    if (::torch::GradMode::is_enabled() && input.requires_grad()) return ReLUFunction::apply(input);
+    return at::relu(input);
+  }
+
+  void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::ReLU()"; }
+};
+DROPIT_TORCH_MODULE(ReLU);
+
+}  // namespace dropit::torch

@@ -1,0 +1,78 @@
+// The 1-bit ReLU cache: bit i of word i/32 is set exactly where ReLU's backward passes the
+// gradient, i.e. where !(y <= 0) (NaN included), and backward zeroes the rest.
+
+#include "helpers.hpp"
+
+namespace {
+
+using dropit::bfloat16;
+using dropit::half;
+using namespace dropit;
+
+// Independent reference: whether ReLU's backward passes the gradient at output y.
+template <class T>
+bool passes(T y) {
+  return !(ref::value_of(y) <= 0.0);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("ReLU mask packs !(y <= 0) and backward keeps dy only there", T, float, half,
+                   bfloat16) {
+  for (std::int64_t n : {0, 1, 31, 32, 33, 1000, 4096 * 32 + 77}) {  // the last spans work items
+    CAPTURE(n);
+    const auto y = test::nasty_values<T>(n, static_cast<std::uint64_t>(n) + 1);
+    const auto dy = test::smooth_values<T>(n, 2);
+    std::vector<std::uint32_t> words(static_cast<std::size_t>(relu_mask_words(n)) + 1, 0xdeadbeef);
+    CHECK(relu_mask_words(n) == ref::ceil_div(n, 32));
+    pack_relu_mask<T>(cpu_backend{3}, test::view_of(y, {n}), words.data());
+    CHECK(words.back() == 0xdeadbeef);  // nothing written past the mask
+    std::vector<T> want(static_cast<std::size_t>(n), T{});
+    int wrong = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const bool bit = (words[i / 32] >> (i % 32)) & 1u;
+      wrong += bit != passes(y[i]);
+      if (passes(y[i])) want[i] = dy[i];
+    }
+    CHECK(wrong == 0);
+    if (n % 32 != 0) CHECK((words[n / 32] >> (n % 32)) == 0u);  // unused high bits stay clear
+
+    std::vector<T> dx(static_cast<std::size_t>(n), test::make<T>(9.0));
+    apply_relu_mask<T>(cpu_backend{3}, words.data(), test::view_of(dy, {n}),
+                       test::view_of(dx, {n}));
+    CHECK_BITS_EQUAL(dx, want);
+    auto in_place = dy;  // dx may alias dy
+    apply_relu_mask<T>(cpu_backend{1}, words.data(), test::view_of(in_place, {n}),
+                       test::view_of(in_place, {n}));
+    CHECK_BITS_EQUAL(in_place, want);
+  }
+}
+
+TEST_CASE("ReLU mask: zeros of both signs are off, NaN and tiny positives are on") {
+  const std::vector<float> y = {0.0f,
+                                -0.0f,
+                                1e-45f,
+                                -1e-45f,
+                                test::from_bits<float>(0x7fc00000u),
+                                test::from_bits<float>(0xffc00000u),
+                                -1.0f,
+                                2.0f};
+  std::vector<std::uint32_t> words(1);
+  pack_relu_mask<float>(cpu_backend{1}, test::view_of(y, {8}), words.data());
+  CHECK(words[0] == 0b10110100u);
+}
+
+TEST_CASE("ReLU mask: bad input") {
+  const std::vector<float> y(40, 1.0f);
+  std::vector<float> dx(40);
+  std::vector<std::uint32_t> words(2);
+  CHECK_ERROR(pack_relu_mask<float>(cpu_backend{1}, test::view_of(y, {40}), nullptr), "null", "2");
+  CHECK_ERROR(pack_relu_mask<float>(cpu_backend{1}, {nullptr, dropit::shape{40}}, words.data()),
+              "ReLU output", "null");
+  CHECK_ERROR(apply_relu_mask<float>(cpu_backend{1}, words.data(), test::view_of(y, {40}),
+                                     test::view_of(dx, {4, 10})),
+              "[40]", "[4, 10]");
+  CHECK_ERROR(apply_relu_mask<float>(cpu_backend{1}, nullptr, test::view_of(y, {40}),
+                                     test::view_of(dx, {40})),
+              "null");
+}
