@@ -1,0 +1,24 @@
+# dropit::torch: the LibTorch adapters (include/dropit/torch.hpp). Header-only like the core; it
+# adds LibTorch, found with find_package(Torch) (Debian's libtorch-dev, or a LibTorch 2.x prefix
+# given through CMAKE_PREFIX_PATH, e.g. `python3 -c "import torch; print(torch.utils.cmake_prefix_path)"`).
+
+set(_dropit_torch_default OFF)
+if(PROJECT_IS_TOP_LEVEL)
+  find_package(Torch QUIET)
+  set(_dropit_torch_default ${Torch_FOUND})
+endif()
+option(DROPIT_BUILD_TORCH "Build dropit::torch and its tests and examples (needs LibTorch)"
+       ${_dropit_torch_default})
+
+if(DROPIT_BUILD_TORCH)
+  find_package(Torch REQUIRED)
+  add_library(dropit_torch INTERFACE)
+  add_library(dropit::torch ALIAS dropit_torch)
+  set_target_properties(dropit_torch PROPERTIES EXPORT_NAME torch)
+  target_link_libraries(dropit_torch INTERFACE dropit::dropit torch)
+  # Some CPU builds of LibTorch ship CUDA headers too; only its CUDA libraries prove CUDA support.
+  if(TORCH_CUDA_LIBRARIES)
+    target_compile_definitions(dropit_torch INTERFACE DROPIT_TORCH_WITH_CUDA=1)
+  endif()
+  dropit_install_component(torch TARGETS dropit_torch CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-torch.cmake.in)
+endif()
