@@ -247,6 +247,11 @@ struct conv2d_scratch {
   decode_scratch decoded;
   float* dz = nullptr;           // [N][H_out][W_out][C_out]: the C_out run of a pixel contiguous
   float* accumulator = nullptr;  // [C_in][KH][KW][C_out / groups]
+  // Output row (column) that input row h (column w) meets through tap kh (kw), or -1: looked up,
+  // because dividing by the stride for every kept element and tap would cost more than the
+  // multiply-adds.
+  std::int32_t* out_rows = nullptr;  // [H][KH]
+  std::int32_t* out_cols = nullptr;  // [W][KW]
 };
 
 inline conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cpu_backend& backend,
@@ -257,6 +262,8 @@ inline conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cpu_bac
       static_cast<std::size_t>(g.batch * g.out_height * g.out_width * g.out_channels));
   scratch.accumulator = carver.add<float>(
       static_cast<std::size_t>(g.in_channels * g.kernel_h * g.kernel_w * g.out_per_group()));
+  scratch.out_rows = carver.add<std::int32_t>(static_cast<std::size_t>(g.height * g.kernel_h));
+  scratch.out_cols = carver.add<std::int32_t>(static_cast<std::size_t>(g.width * g.kernel_w));
   return scratch;
 }
 
@@ -274,34 +281,36 @@ inline std::int64_t conv_output_index(std::int64_t x, std::int64_t tap, std::int
 /// each kernel tap, one output pixel whose C_out/groups gradients it scales into the accumulator.
 DROPIT_ALWAYS_INLINE void accumulate_conv_channel_kernel(const conv2d_geometry* geometry,
                                                          const sparse_entries* kept,
-                                                         const float* dz, float* accumulator,
+                                                         const conv2d_scratch* scratch,
                                                          std::int64_t c) {
   const conv2d_geometry& g = *geometry;
   const sparse_entries& entries = *kept;
   const std::int64_t taps = g.kernel_h * g.kernel_w;
   const std::int64_t group_out = g.out_per_group();
   const std::int64_t plane_size = g.height * g.width;
-  float* acc = accumulator + c * taps * group_out;
+  float* acc = scratch->accumulator + c * taps * group_out;
   std::fill_n(acc, taps * group_out, 0.0f);
-  const std::int64_t group_first_out = c / g.in_per_group() * group_out;
+  const float* dz = scratch->dz + c / g.in_per_group() * group_out;
   for (std::int64_t n = 0; n < g.batch; ++n) {
     const std::int64_t base = (n * g.in_channels + c) * plane_size;
     const std::int64_t end = entries.lower_bound(base + plane_size);
+    std::int64_t h = 0, row_start = base;  // entries ascend: walk the rows instead of dividing
     for (std::int64_t e = entries.lower_bound(base); e < end; ++e) {
-      const std::int64_t offset = entries.positions[e] - base;
-      const std::int64_t h = offset / g.width, w = offset % g.width;
+      while (entries.positions[e] >= row_start + g.width) {
+        ++h;
+        row_start += g.width;
+      }
+      const std::int32_t* rows = scratch->out_rows + h * g.kernel_h;
+      const std::int32_t* cols =
+          scratch->out_cols + (entries.positions[e] - row_start) * g.kernel_w;
       const float value = entries.values[e];
       for (std::int64_t kh = 0; kh < g.kernel_h; ++kh) {
-        const std::int64_t oh =
-            conv_output_index(h, kh, g.stride_h, g.pad_h, g.dilation_h, g.out_height);
-        if (oh < 0) continue;
+        if (rows[kh] < 0) continue;
+        const float* dz_row = dz + (n * g.out_height + rows[kh]) * g.out_width * g.out_channels;
         for (std::int64_t kw = 0; kw < g.kernel_w; ++kw) {
-          const std::int64_t ow =
-              conv_output_index(w, kw, g.stride_w, g.pad_w, g.dilation_w, g.out_width);
-          if (ow < 0) continue;
-          const float* dz_pixel =
-              dz + ((n * g.out_height + oh) * g.out_width + ow) * g.out_channels + group_first_out;
-          multiply_add(acc + (kh * g.kernel_w + kw) * group_out, dz_pixel, value, group_out);
+          if (cols[kw] < 0) continue;
+          multiply_add(acc + (kh * g.kernel_w + kw) * group_out, dz_row + cols[kw] * g.out_channels,
+                       value, group_out);
         }
       }
     }
@@ -316,20 +325,33 @@ void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x
   decode(backend, x, scratch.decoded);
   const sparse_entries& entries = scratch.decoded.entries;
   const std::int64_t out_pixels = g.out_height * g.out_width;
-  parallel_for(backend, g.batch, [&](std::int64_t n, int) {
+  // dZ to [N][pixel][C_out], in blocks of pixels so that the strided writes stay in L1.
+  constexpr std::int64_t pixel_block = 32;
+  const std::int64_t pixel_blocks = (out_pixels + pixel_block - 1) / pixel_block;
+  parallel_for(backend, g.batch * pixel_blocks, [&](std::int64_t item, int) {
+    const std::int64_t n = item / pixel_blocks;
+    const std::int64_t first = item % pixel_blocks * pixel_block;
+    const std::int64_t last = std::min(out_pixels, first + pixel_block);
+    float* target = scratch.dz + n * out_pixels * g.out_channels;
     for (std::int64_t co = 0; co < g.out_channels; ++co) {
       const T* plane = dz + (n * g.out_channels + co) * out_pixels;
-      float* column = scratch.dz + n * out_pixels * g.out_channels + co;
-      for (std::int64_t p = 0; p < out_pixels; ++p) column[p * g.out_channels] = to_float(plane[p]);
+      for (std::int64_t p = first; p < last; ++p)
+        target[p * g.out_channels + co] = to_float(plane[p]);
     }
   });
 
   const std::int64_t taps = g.kernel_h * g.kernel_w;
   const std::int64_t group_out = g.out_per_group();
-  parallel_for(backend, g.in_channels, [&](std::int64_t c, int) {
-    accumulate_conv_channel(&g, &entries, static_cast<const float*>(scratch.dz),
-                            scratch.accumulator, c);
-  });
+  for (std::int64_t h = 0; h < g.height; ++h)
+    for (std::int64_t kh = 0; kh < g.kernel_h; ++kh)
+      scratch.out_rows[h * g.kernel_h + kh] = static_cast<std::int32_t>(
+          conv_output_index(h, kh, g.stride_h, g.pad_h, g.dilation_h, g.out_height));
+  for (std::int64_t w = 0; w < g.width; ++w)
+    for (std::int64_t kw = 0; kw < g.kernel_w; ++kw)
+      scratch.out_cols[w * g.kernel_w + kw] = static_cast<std::int32_t>(
+          conv_output_index(w, kw, g.stride_w, g.pad_w, g.dilation_w, g.out_width));
+  parallel_for(backend, g.in_channels,
+               [&](std::int64_t c, int) { accumulate_conv_channel(&g, &entries, &scratch, c); });
 
   const std::int64_t group_in = g.in_per_group();
   parallel_for(backend, g.out_channels, [&](std::int64_t co, int) {
