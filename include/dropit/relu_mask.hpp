@@ -22,8 +22,20 @@ namespace dropit {
 DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { return (n + 31) / 32; }
 
 namespace detail::cpu {
-/// Words per parallel work item: large enough to amortise scheduling, a multiple of a cache line.
-inline constexpr std::int64_t mask_words_per_item = 4096;
+
+/// Calls `visit(word, length)` for each mask word of `n` elements (`length` of them in the word),
+/// in parallel work items large enough to amortise scheduling.
+template <class Visit>
+void for_each_mask_word(const cpu_backend& backend, std::int64_t n, Visit&& visit) {
+  constexpr std::int64_t words_per_item = 4096;
+  const std::int64_t total = relu_mask_words(n);
+  parallel_for(backend, (total + words_per_item - 1) / words_per_item, [&](std::int64_t item, int) {
+    const std::int64_t end = std::min(total, (item + 1) * words_per_item);
+    for (std::int64_t w = item * words_per_item; w < end; ++w)
+      visit(w, static_cast<int>(std::min<std::int64_t>(32, n - w * 32)));
+  });
+}
+
 }  // namespace detail::cpu
 
 /// Packs the mask of a ReLU output `y` into `words` (`relu_mask_words(y.numel())` of them).
@@ -34,18 +46,11 @@ void pack_relu_mask(const cpu_backend& backend, tensor_view<const std::type_iden
   detail::expect_data(y, "ReLU output");
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
                  " words are required");
-  const std::int64_t total = relu_mask_words(n);
-  const std::int64_t items =
-      (total + detail::cpu::mask_words_per_item - 1) / detail::cpu::mask_words_per_item;
-  detail::cpu::parallel_for(backend, items, [&](std::int64_t item, int) {
-    const std::int64_t end = std::min(total, (item + 1) * detail::cpu::mask_words_per_item);
-    for (std::int64_t w = item * detail::cpu::mask_words_per_item; w < end; ++w) {
-      const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
-      std::uint32_t bits = 0;
-      for (int j = 0; j < length; ++j)
-        bits |= static_cast<std::uint32_t>(!(to_float(y.data[w * 32 + j]) <= 0.0f)) << j;
-      words[w] = bits;
-    }
+  detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {
+    std::uint32_t bits = 0;
+    for (int j = 0; j < length; ++j)
+      bits |= static_cast<std::uint32_t>(!(to_float(y.data[w * 32 + j]) <= 0.0f)) << j;
+    words[w] = bits;
   });
 }
 
@@ -59,16 +64,9 @@ void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words,
   detail::expect_data(dx, "ReLU dx");
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
-  const std::int64_t total = relu_mask_words(n);
-  const std::int64_t items =
-      (total + detail::cpu::mask_words_per_item - 1) / detail::cpu::mask_words_per_item;
-  detail::cpu::parallel_for(backend, items, [&](std::int64_t item, int) {
-    const std::int64_t end = std::min(total, (item + 1) * detail::cpu::mask_words_per_item);
-    for (std::int64_t w = item * detail::cpu::mask_words_per_item; w < end; ++w) {
-      const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
-      for (int j = 0; j < length; ++j)
-        dx.data[w * 32 + j] = (words[w] >> j) & 1u ? dy.data[w * 32 + j] : T{};
-    }
+  detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {
+    for (int j = 0; j < length; ++j)
+      dx.data[w * 32 + j] = (words[w] >> j) & 1u ? dy.data[w * 32 + j] : T{};
   });
 }
 
