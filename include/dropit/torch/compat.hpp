@@ -33,6 +33,15 @@ using std::get_if;
 using std::holds_alternative;
 #endif
 
+/// LibTorch 1.13's autograd::Function::apply rejects undefined tensor arguments, so an absent bias
+/// travels as an empty tensor and is turned back into an undefined one inside the function.
+inline at::Tensor optional_argument(const at::Tensor& tensor, const at::Tensor& like) {
+  return tensor.defined() ? tensor : like.new_empty({0});
+}
+inline at::Tensor from_optional_argument(const at::Tensor& tensor) {
+  return tensor.numel() > 0 ? tensor : at::Tensor();
+}
+
 /// LibTorch 2.3 made `Allocator::copy_data` pure virtual; older versions do not have it.
 #define DROPIT_TORCH_ALLOCATOR_COPY_DATA \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))

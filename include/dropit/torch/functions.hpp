@@ -39,9 +39,11 @@ inline at::Tensor sum_except(const at::Tensor& dz, std::int64_t keep) {
 
 /// y = x Wᵀ + b, caching x compactly when W needs a gradient.
 struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
+  /// `bias_argument`: the bias, or an empty tensor for none (see compat::optional_argument).
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& weight, const at::Tensor& bias_argument,
                             const policy_spec& spec) {
+    const at::Tensor bias = compat::from_optional_argument(bias_argument);
     expect_usable(input, "linear input");
     dropit::detail::expect(input.dim() >= 1 && input.size(-1) == weight.size(1),
                            "linear input of shape ", shape_of(input), " does not end in ",
@@ -70,11 +72,15 @@ struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
 /// Conv2d with zero padding, caching its input compactly when the weight needs a gradient.
 struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias,
+                            const at::Tensor& weight, const at::Tensor& bias_argument,
                             const conv2d_params& params, const policy_spec& spec) {
+    const at::Tensor bias = compat::from_optional_argument(bias_argument);
     expect_usable(input, "conv2d input");
     dropit::detail::expect(input.dim() == 4, "conv2d input must be [N, C, H, W], got shape ",
                            shape_of(input));
+    dropit::detail::expect(input.size(1) == weight.size(1) * params.groups, "conv2d input has ",
+                           input.size(1), " channels; the weight expects ",
+                           weight.size(1) * params.groups);
     ctx->save_for_backward({weight});
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = input.sizes().vec();
@@ -99,15 +105,12 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
     at::Tensor d_input, d_weight, d_bias;
     if (ctx->needs_input_grad(0)) {
-      // The transposed convolution maps dZ back onto the input grid; output_padding restores the
-      // rows and columns a strided forward did not reach.
-      std::vector<std::int64_t> output_padding(2);
-      for (int i = 0; i < 2; ++i)
-        output_padding[i] =
-            input_sizes[2 + i] - ((dz.size(2 + i) - 1) * stride[i] - 2 * padding[i] +
-                                  dilation[i] * (weight.size(2 + i) - 1) + 1);
-      d_input =
-          at::conv_transpose2d(dz, weight, {}, stride, padding, output_padding, groups, dilation);
+      // torch's own input-gradient kernel reads only the input's shape: an expanded zero scalar
+      // stands in for the dropped input without allocating it.
+      const at::Tensor shape_only = at::zeros({1}, dz.options()).expand(input_sizes);
+      d_input = std::get<0>(at::convolution_backward(dz, shape_only, weight, c10::nullopt, stride,
+                                                     padding, dilation, /*transposed=*/false,
+                                                     {0, 0}, groups, {true, false, false}));
     }
     if (ctx->needs_input_grad(1)) {
       conv2d_params params;

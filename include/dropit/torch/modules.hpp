@@ -93,7 +93,8 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
-      return LinearFunction::apply(input, weight, bias, dropit.spec(-1, calls_++));
+      return LinearFunction::apply(input, weight, compat::optional_argument(bias, weight),
+                                   dropit.spec(-1, calls_++));
     return at::linear(input, weight, bias);
   }
 
@@ -138,7 +139,8 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
-      return Conv2dFunction::apply(input, weight, bias, params_, dropit.spec(1, calls_++));
+      return Conv2dFunction::apply(input, weight, compat::optional_argument(bias, weight), params_,
+                                   dropit.spec(1, calls_++));
     return at::conv2d(input, weight, bias, {params_.stride[0], params_.stride[1]},
                       {params_.padding[0], params_.padding[1]},
                       {params_.dilation[0], params_.dilation[1]}, params_.groups);

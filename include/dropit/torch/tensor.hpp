@@ -120,7 +120,7 @@ struct saved_cache {
                            "packed cache layout has ", words.size(), " words; expected ",
                            (sizeof(cache_layout) + 7) / 8);
     cache_layout layout;
-    std::memcpy(&layout, words.data(), sizeof(cache_layout));
+    std::memcpy(static_cast<void*>(&layout), words.data(), sizeof(cache_layout));
     return layout;
   }
 };

@@ -1,0 +1,43 @@
+# dropit::cuda: the CUDA backend (include/dropit/dropit.cuh). Header-only like the core; it adds
+# CUDA C++20, the toolkit's CCCL (CUB block primitives) and the CUDA runtime. Building it needs a
+# CUDA toolkit (nvcc), not a GPU: without a device the CUDA tests report themselves skipped.
+#
+# The target never sets CUDA architectures: a consumer's CMAKE_CUDA_ARCHITECTURES (or CUDAARCHS)
+# decides. Only dropit's own top-level build defaults them to sm_80 and sm_90 when none are given.
+
+include(CheckLanguage)
+set(_dropit_cuda_default OFF)
+if(PROJECT_IS_TOP_LEVEL)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(_dropit_cuda_default ON)
+  endif()
+endif()
+option(DROPIT_BUILD_CUDA "Build dropit::cuda and its tests (needs the CUDA toolkit, not a GPU)"
+       ${_dropit_cuda_default})
+
+if(DROPIT_BUILD_CUDA)
+  if(PROJECT_IS_TOP_LEVEL AND NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND NOT DEFINED ENV{CUDAARCHS})
+    set(CMAKE_CUDA_ARCHITECTURES "80;90"
+        CACHE STRING "CUDA architectures of dropit's own CUDA targets")
+  endif()
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+
+  add_library(dropit_cuda INTERFACE)
+  add_library(dropit::cuda ALIAS dropit_cuda)
+  set_target_properties(dropit_cuda PROPERTIES EXPORT_NAME cuda)
+  # dropit::dropit brings OpenMP::OpenMP_CXX, whose -fopenmp applies to CXX sources only
+  # ($<COMPILE_LANGUAGE:CXX>): CUDA translation units see the CPU backend without OpenMP, which only
+  # makes it serial (its results never depend on the thread count).
+  target_link_libraries(dropit_cuda INTERFACE dropit::dropit CUDA::cudart)
+  # CUDA C++20: the compile feature where this CMake knows it for nvcc, else the flag itself
+  # (CMake 3.25, Debian 12's, knows CUDA standards only up to 17).
+  if("cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES)
+    target_compile_features(dropit_cuda INTERFACE cuda_std_20)
+  else()
+    target_compile_options(dropit_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>)
+  endif()
+  dropit_install_component(cuda TARGETS dropit_cuda
+                           CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda.cmake.in)
+endif()

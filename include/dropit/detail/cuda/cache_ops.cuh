@@ -1,0 +1,330 @@
+#pragma once
+// CUDA compress and densify: host code that validates nothing (dropit.cuh does), carves the
+// caller's workspace and enqueues kernels on the caller's stream. Nothing here allocates or
+// synchronises.
+//
+// Which selection runs where:
+// - chunked min-k and random (element): one block per chunk (select_chunks_kernel): the chunk is
+//   read from global memory (L2 for the passes after the first) once per radix pass and once to
+//   emit; nothing else leaves the block.
+// - min-k over the whole tensor, and channel selection: the multi-block select_global below, over
+//   magnitude keys, generator draws or channel-score keys. It reads the keys 4 times (8 for 64-bit
+//   channel-score keys) for the radix passes, once to count per span and once to emit.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../cache.hpp"
+#include "../common/keys.hpp"
+#include "common.cuh"
+#include "kernels.cuh"
+#include "select.cuh"
+
+namespace dropit::detail::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Selection over many blocks.
+
+struct global_select_scratch {
+  void* state = nullptr;  // a select_state<Key>
+  unsigned long long* histogram = nullptr;
+  std::uint64_t* span_counts = nullptr;
+  std::uint64_t* span_offsets = nullptr;
+};
+
+inline global_select_scratch add_global_select(workspace_carver& carver, std::int64_t candidates) {
+  const auto spans = static_cast<std::size_t>((candidates + span_size - 1) / span_size);
+  global_select_scratch s;
+  s.state = carver.add<select_state<std::uint64_t>>(1);  // the larger of both key types
+  s.histogram = carver.add<unsigned long long>(radix_bins);
+  s.span_counts = carver.add<std::uint64_t>(spans);
+  s.span_offsets = carver.add<std::uint64_t>(spans);
+  return s;
+}
+
+/// Keeps the `k` largest of the `m` keys `key_of(0 .. m-1)` (ties to the lower index) and calls
+/// `visit` (see emit_selected) on them in index order, with their slots 0 .. k-1.
+template <class Key, class KeyOf, class Visit>
+void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std::int64_t k,
+                   const global_select_scratch& scratch, const Visit& visit) {
+  if (m <= 0) return;
+  auto* state = static_cast<select_state<Key>*>(scratch.state);
+  const bool keep_all = k >= m;  // the cut (0, m): every key is >= 0
+  const auto candidates = static_cast<std::uint64_t>(m);
+  select_init_kernel<Key><<<1, block_threads, 0, stream>>>(
+      state, scratch.histogram, static_cast<std::uint64_t>(keep_all ? m : k));
+  check_launch("dropit select_init_kernel");
+  if (!keep_all) {
+    // Enough blocks to fill the device; each folds its shared histogram into the global one.
+    const unsigned grid = std::min(grid_for(m, std::int64_t{block_threads} * 16), 2048u);
+    for (int shift = 8 * static_cast<int>(sizeof(Key)) - 8; shift >= 0; shift -= 8) {
+      select_histogram_kernel<Key>
+          <<<grid, block_threads, 0, stream>>>(key_of, candidates, state, shift, scratch.histogram);
+      check_launch("dropit select_histogram_kernel");
+      select_pick_kernel<Key><<<1, block_threads, 0, stream>>>(state, scratch.histogram, shift);
+      check_launch("dropit select_pick_kernel");
+    }
+  }
+  const std::int64_t spans = (m + span_size - 1) / span_size;
+  select_count_kernel<Key><<<grid_for(spans, 1), block_threads, 0, stream>>>(
+      key_of, candidates, state, scratch.span_counts);
+  check_launch("dropit select_count_kernel");
+  exclusive_scan_kernel<>
+      <<<1, block_threads, 0, stream>>>(scratch.span_counts, scratch.span_offsets, spans);
+  check_launch("dropit exclusive_scan_kernel");
+  select_emit_kernel<Key><<<grid_for(spans, 1), block_threads, 0, stream>>>(
+      key_of, candidates, state, scratch.span_offsets, visit);
+  check_launch("dropit select_emit_kernel");
+}
+
+// ---------------------------------------------------------------------------------------------
+// compress
+
+struct compress_scratch {
+  global_select_scratch select;           // min-k over the tensor, or over the channels
+  double* run_sums = nullptr;             // channel min-k: [channels][runs]
+  std::int64_t runs = 0;                  // runs of channel_score_block per channel
+  std::uint64_t* channel_keys = nullptr;  // channel min-k
+  std::uint32_t* channel_list = nullptr;  // seeded channel caches (not stored in the cache)
+};
+
+inline compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layout& layout) {
+  compress_scratch s;
+  if (layout.channel_granularity) {
+    if (layout.selection != selection_kind::random) {
+      s.runs = (layout.outer * layout.inner + channel_score_block - 1) / channel_score_block;
+      s.run_sums = carver.add<double>(static_cast<std::size_t>(layout.channels * s.runs));
+      s.channel_keys = carver.add<std::uint64_t>(static_cast<std::size_t>(layout.channels));
+    }
+    s.select = add_global_select(carver, layout.channels);
+    if (layout.encoding == position_encoding::seeded)
+      s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
+  } else if (layout.selection == selection_kind::min_k) {
+    s.select = add_global_select(carver, layout.numel());
+  }
+  return s;
+}
+
+template <class T, bool Random, class Writer>
+void launch_select_chunks(cudaStream_t stream, const element_plan& p, const T* input,
+                          const Writer& writer) {
+  select_chunks_kernel<T, Random>
+      <<<grid_for(p.chunks(), 1), block_threads, 0, stream>>>(p, input, writer);
+  check_launch("dropit select_chunks_kernel");
+}
+
+template <storage_type T>
+void compress_elements(cudaStream_t stream, const T* input, const cache_view<T>& out,
+                       const compress_scratch& scratch) {
+  const cache_layout& layout = out.layout;
+  const element_plan p = element_plan_of(layout);
+  if (p.n == 0) return;
+  auto* words = static_cast<std::uint32_t*>(out.positions);
+  auto* offsets16 = static_cast<std::uint16_t*>(out.positions);
+  auto* offsets32 = static_cast<std::uint32_t*>(out.positions);
+
+  if (layout.selection == selection_kind::random) {
+    launch_select_chunks<T, true>(stream, p, input, value_writer<T>{input, out.values});
+    return;
+  }
+  if (layout.selection == selection_kind::chunked_min_k) {
+    if (layout.encoding == position_encoding::bitmask)
+      launch_select_chunks<T, false>(stream, p, input, bitmask_writer<T>{input, out.values, words});
+    else
+      launch_select_chunks<T, false>(stream, p, input,
+                                     offset_writer<T, std::uint16_t>{input, out.values, offsets16});
+    return;
+  }
+  // Min-k: one chunk, the whole tensor.
+  const magnitude_keys<T> keys{input};
+  if (layout.encoding == position_encoding::bitmask)
+    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
+                                 bitmask_writer<T>{input, out.values, words});
+  else if (layout.offset_bytes == 2)
+    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
+                                 offset_writer<T, std::uint16_t>{input, out.values, offsets16});
+  else
+    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
+                                 offset_writer<T, std::uint32_t>{input, out.values, offsets32});
+}
+
+/// Writes the ascending list of kept channels to `list`: by score (min-k, needs `input`) or by
+/// generator draw (random, regenerable without it).
+template <storage_type T>
+void select_channels(cudaStream_t stream, const cache_layout& layout, const T* input,
+                     const compress_scratch& scratch, std::uint32_t* list) {
+  const channel_plan p = channel_plan_of(layout);
+  if (layout.selection == selection_kind::random) {
+    select_global<std::uint32_t>(stream, random_keys{p.seed, channel_stream}, p.channels, p.kept,
+                                 scratch.select, index_writer{list});
+    return;
+  }
+  if (scratch.runs > 0) {
+    channel_run_sums_kernel<T><<<grid_for(p.channels * scratch.runs), block_threads, 0, stream>>>(
+        p, input, scratch.runs, scratch.run_sums);
+    check_launch("dropit channel_run_sums_kernel");
+  }
+  channel_keys_kernel<><<<grid_for(p.channels), block_threads, 0, stream>>>(
+      scratch.run_sums, scratch.runs, p.channels, scratch.channel_keys);
+  check_launch("dropit channel_keys_kernel");
+  select_global<std::uint64_t>(stream, stored_keys<std::uint64_t>{scratch.channel_keys}, p.channels,
+                               p.kept, scratch.select, index_writer{list});
+}
+
+template <storage_type T>
+void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>& out,
+                       const compress_scratch& scratch) {
+  const cache_layout& layout = out.layout;
+  const channel_plan p = channel_plan_of(layout);
+  if (p.channels == 0) return;
+  std::uint32_t* list = layout.encoding == position_encoding::channel_list
+                            ? static_cast<std::uint32_t*>(out.positions)
+                            : scratch.channel_list;
+  select_channels(stream, layout, input, scratch, list);
+  const std::int64_t count = p.outer * p.kept * p.inner;
+  if (count == 0) return;
+  channel_gather_kernel<T>
+      <<<grid_for(count), block_threads, 0, stream>>>(p, input, list, out.values);
+  check_launch("dropit channel_gather_kernel");
+}
+
+template <storage_type T>
+void compress(cudaStream_t stream, const T* input, const cache_view<T>& out, workspace memory) {
+  workspace_carver carver(memory);
+  const compress_scratch scratch = add_compress_scratch(carver, out.layout);
+  carver.expect_fits("compress");
+  expect_device_accessible(memory.data(), carver.bytes(), "compress workspace");
+  if (out.layout.channel_granularity)
+    compress_channels(stream, input, out, scratch);
+  else
+    compress_elements(stream, input, out, scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// densify (into the element type, or into float for the weight gradients)
+
+struct densify_scratch {
+  std::uint64_t* mask_counts = nullptr;  // bitmask: set bits per block of mask words
+  std::uint64_t* mask_offsets = nullptr;
+  global_select_scratch select;           // seeded channel caches: regenerate the draw
+  std::uint32_t* channel_list = nullptr;  // ... into this list
+  std::int32_t* slot_of = nullptr;        // channel caches: channel -> index in the list, or -1
+};
+
+inline std::int64_t mask_word_count(const cache_layout& layout) {
+  return static_cast<std::int64_t>(layout.position_bytes() / 4);
+}
+
+inline densify_scratch add_densify_scratch(workspace_carver& carver, const cache_layout& layout) {
+  densify_scratch s;
+  if (layout.channel_granularity) {
+    if (layout.encoding == position_encoding::seeded) {
+      s.select = add_global_select(carver, layout.channels);
+      s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
+    }
+    s.slot_of = carver.add<std::int32_t>(static_cast<std::size_t>(layout.channels));
+  } else if (layout.encoding == position_encoding::bitmask) {
+    const std::int64_t blocks =
+        (mask_word_count(layout) + mask_words_per_block - 1) / mask_words_per_block;
+    s.mask_counts = carver.add<std::uint64_t>(static_cast<std::size_t>(blocks));
+    s.mask_offsets = carver.add<std::uint64_t>(static_cast<std::size_t>(blocks));
+  }
+  return s;
+}
+
+template <class T, class Out>
+void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
+                      const densify_scratch& scratch) {
+  const cache_layout& layout = cache.layout;
+  const element_plan p = element_plan_of(layout);
+  if (p.n == 0) return;
+  switch (layout.encoding) {
+    case position_encoding::bitmask: {
+      const auto* words = static_cast<const std::uint32_t*>(cache.positions);
+      const std::int64_t word_count = mask_word_count(layout);
+      const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
+      mask_count_kernel<><<<grid_for(blocks, 1), block_threads, 0, stream>>>(words, word_count,
+                                                                             scratch.mask_counts);
+      check_launch("dropit mask_count_kernel");
+      exclusive_scan_kernel<>
+          <<<1, block_threads, 0, stream>>>(scratch.mask_counts, scratch.mask_offsets, blocks);
+      check_launch("dropit exclusive_scan_kernel");
+      mask_densify_kernel<T, Out><<<grid_for(blocks, 1), block_threads, 0, stream>>>(
+          p, words, word_count, scratch.mask_offsets, cache.values, out);
+      check_launch("dropit mask_densify_kernel");
+      return;
+    }
+    case position_encoding::offsets: {
+      check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(p.n) * sizeof(Out), stream),
+            "densify: zeroing the output");
+      const std::int64_t kept = layout.kept();
+      if (kept == 0) return;
+      if (layout.offset_bytes == 2)
+        scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
+            p, kept, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
+      else
+        scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
+            p, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
+      check_launch("dropit scatter_offsets_kernel");
+      return;
+    }
+    default:  // seeded: regenerate each chunk's draw and write the whole chunk
+      launch_select_chunks<T, true>(stream, p, static_cast<const T*>(nullptr),
+                                    dense_writer<T, Out>{cache.values, out, p.rescale, 1.0f});
+  }
+}
+
+template <class T, class Out>
+void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
+                      const densify_scratch& scratch) {
+  const cache_layout& layout = cache.layout;
+  const channel_plan p = channel_plan_of(layout);
+  const std::int64_t count = p.outer * p.channels * p.inner;
+  if (count == 0) return;
+  const std::uint32_t* list = static_cast<const std::uint32_t*>(cache.positions);
+  if (layout.encoding == position_encoding::seeded) {
+    select_global<std::uint32_t>(stream, random_keys{p.seed, channel_stream}, p.channels, p.kept,
+                                 scratch.select, index_writer{scratch.channel_list});
+    list = scratch.channel_list;
+  }
+  check(cudaMemsetAsync(scratch.slot_of, 0xff,
+                        static_cast<std::size_t>(p.channels) * sizeof(std::int32_t), stream),
+        "densify: clearing the channel map");
+  if (p.kept > 0) {
+    channel_map_kernel<>
+        <<<grid_for(p.kept), block_threads, 0, stream>>>(list, p.kept, scratch.slot_of);
+    check_launch("dropit channel_map_kernel");
+  }
+  channel_densify_kernel<T, Out>
+      <<<grid_for(count), block_threads, 0, stream>>>(p, scratch.slot_of, cache.values, out);
+  check_launch("dropit channel_densify_kernel");
+}
+
+template <class T, class Out>
+void densify(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
+             const densify_scratch& scratch) {
+  if (cache.layout.channel_granularity)
+    densify_channels(stream, cache, out, scratch);
+  else
+    densify_elements(stream, cache, out, scratch);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReLU masks
+
+template <storage_type T>
+void pack_relu_mask(cudaStream_t stream, const T* y, std::int64_t n, std::uint32_t* words) {
+  if (n == 0) return;
+  pack_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(y, n, words);
+  check_launch("dropit pack_relu_mask_kernel");
+}
+
+template <storage_type T>
+void apply_relu_mask(cudaStream_t stream, const std::uint32_t* words, const T* dy, T* dx,
+                     std::int64_t n) {
+  if (n == 0) return;
+  apply_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(words, dy, dx, n);
+  check_launch("dropit apply_relu_mask_kernel");
+}
+
+}  // namespace dropit::detail::cuda

@@ -1,0 +1,444 @@
+#pragma once
+// The CUDA backend's kernels: thin wrappers over the block-level code of select.cuh plus the
+// element-wise and reduction kernels of densify, channel selection and the weight gradients. Every
+// kernel runs `block_threads` threads per block and loops grid-stride, so any grid is correct.
+// Every kernel is a template (`template <class = void>` where nothing varies), so that any number
+// of translation units may include this header: a non-template kernel would be defined in each.
+//
+// Kernel by kernel (the host code in cache_ops.cuh / weight_grad.cuh strings them together):
+// - select_chunks: one block per chunk: block_select (4 radix histogram passes in shared memory)
+//   then emit_selected, writing values and bitmask / offsets, or the dense chunk of a seeded cache.
+// - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
+// 8-bit
+//   MSB radix passes; each pass builds a global 256-bin histogram (per-block shared histograms
+//   folded with one atomic per non-empty bin), then one block picks the digit holding the k-th key.
+// - select_count / exclusive_scan / select_emit: per span of `span_size` candidates, the count of
+//   keys above / equal to the cut; a one-block scan of those counts; then every span emits its kept
+//   candidates at their global slots (emit_selected seeded with the span's counts).
+// - mask_count / mask_densify: popcounts per 256 mask words, scanned, then one warp per word writes
+//   its 32 dense elements (kept value or zero).
+// - scatter_offsets: one thread per kept value of an offsets cache (after a memset to zero).
+// - channel_run_sums / channel_keys: channel scores in the canonical order of
+//   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
+//   keys ordered like the CPU backend's ranking (NaN highest).
+// - channel_gather / channel_map / channel_densify: copies of kept channels in and out.
+// - linear_weight_grad: a 16x16-tiled dW = dZ^T A over the densified float A.
+// - conv2d_weight_grad: one block per dW element, a block reduction over (n, oh, ow).
+// - pack_relu_mask / apply_relu_mask: one warp vote per mask word; one thread per element.
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <cstdint>
+
+#include "../common/keys.hpp"
+#include "../cpu/weight_grad.hpp"
+#include "common.cuh"
+#include "select.cuh"
+
+namespace dropit::detail::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// Chunks, one per block.
+
+/// `Random`: keys are generator draws of stream `chunk`; otherwise magnitudes of `input`.
+/// `Writer::at(plan, chunk)` gives the chunk's visitor.
+template <class T, bool Random, class Writer>
+DROPIT_KERNEL void select_chunks_kernel(element_plan p, const T* input, Writer writer) {
+  __shared__ block_select_storage select_storage;
+  __shared__ emit_storage emit;
+  const std::int64_t chunks = p.chunks();
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const auto length = static_cast<std::uint32_t>(p.chunk_length(chunk));
+    const auto k = static_cast<std::uint32_t>(p.kept_in_chunk(chunk));
+    const auto visit = writer.at(p, chunk);
+    if constexpr (Random) {
+      const random_keys key_of{p.seed, static_cast<std::uint64_t>(chunk)};
+      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
+                    visit);
+    } else {
+      const magnitude_keys<T> key_of{input + p.chunk_begin(chunk)};
+      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
+                    visit);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Whole-range selection over many blocks.
+
+/// Candidates per span of the counting and emitting passes (a multiple of 32 and of the tile).
+inline constexpr std::int64_t span_size = std::int64_t{1} << 14;
+
+template <class Key>
+struct select_state {
+  Key prefix;            // the cut key once every pass has run
+  Key mask;              // digits decided so far
+  std::uint64_t needed;  // keys still to take from those matching prefix; the ties at the end
+};
+
+template <class Key>
+DROPIT_KERNEL void select_init_kernel(select_state<Key>* state, unsigned long long* histogram,
+                                      std::uint64_t needed) {
+  if (threadIdx.x == 0) *state = {Key{0}, Key{0}, needed};
+  histogram[threadIdx.x] = 0;
+}
+
+template <class Key, class KeyOf>
+DROPIT_KERNEL void select_histogram_kernel(KeyOf key_of, std::uint64_t m,
+                                           const select_state<Key>* state, int shift,
+                                           unsigned long long* histogram) {
+  __shared__ std::uint32_t counts[radix_bins];
+  counts[threadIdx.x] = 0;
+  __syncthreads();
+  const Key prefix = state->prefix, mask = state->mask;
+  const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
+  for (std::uint64_t i = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x; i < m;
+       i += stride) {
+    const Key key = key_of(i);
+    if ((key & mask) == prefix) atomicAdd(&counts[(key >> shift) & 0xffu], 1u);
+  }
+  __syncthreads();
+  if (counts[threadIdx.x] != 0)
+    atomicAdd(&histogram[threadIdx.x], static_cast<unsigned long long>(counts[threadIdx.x]));
+}
+
+/// One block: fixes the digit at `shift` and clears the histogram for the next pass.
+template <class Key>
+DROPIT_KERNEL void select_pick_kernel(select_state<Key>* state, unsigned long long* histogram,
+                                      int shift) {
+  using scan_t = cub::BlockScan<unsigned long long, block_threads>;
+  __shared__ typename scan_t::TempStorage scan;
+  const unsigned bin = radix_bins - 1 - threadIdx.x;
+  const unsigned long long count = histogram[bin];
+  const std::uint64_t needed = state->needed;
+  unsigned long long at_or_above = 0;
+  scan_t(scan).InclusiveSum(count, at_or_above);
+  const unsigned long long above = at_or_above - count;
+  __syncthreads();                                // every thread has read state->needed
+  if (above < needed && needed <= at_or_above) {  // exactly one thread
+    state->prefix |= static_cast<Key>(bin) << shift;
+    state->mask |= static_cast<Key>(0xffu) << shift;
+    state->needed = needed - above;
+  }
+  histogram[bin] = 0;
+}
+
+/// Per span: (keys above the cut) << 32 | (keys equal to it). Totals fit: fewer than 2^32
+/// candidates.
+template <class Key, class KeyOf>
+DROPIT_KERNEL void select_count_kernel(KeyOf key_of, std::uint64_t m,
+                                       const select_state<Key>* state, std::uint64_t* counts) {
+  using reduce_t = cub::BlockReduce<std::uint64_t, block_threads>;
+  __shared__ typename reduce_t::TempStorage reduce;
+  const Key cut_key = state->prefix;
+  const std::uint64_t spans = (m + span_size - 1) / span_size;
+  for (std::uint64_t span = blockIdx.x; span < spans; span += gridDim.x) {
+    const std::uint64_t begin = span * span_size;
+    const std::uint64_t end = begin + span_size < m ? begin + span_size : m;
+    std::uint64_t local = 0;
+    for (std::uint64_t i = begin + threadIdx.x; i < end; i += block_threads) {
+      const Key key = key_of(i);
+      local += (std::uint64_t{key > cut_key} << 32) | std::uint64_t{key == cut_key};
+    }
+    const std::uint64_t total = reduce_t(reduce).Sum(local);
+    if (threadIdx.x == 0) counts[span] = total;
+    __syncthreads();
+  }
+}
+
+/// One block: out[i] = in[0] + ... + in[i - 1].
+template <class = void>
+DROPIT_KERNEL void exclusive_scan_kernel(const std::uint64_t* in, std::uint64_t* out,
+                                         std::int64_t count) {
+  constexpr int items = 4;
+  using scan_t = cub::BlockScan<std::uint64_t, block_threads>;
+  __shared__ typename scan_t::TempStorage scan;
+  std::uint64_t carry = 0;
+  for (std::int64_t base = 0; base < count; base += block_threads * items) {
+    std::uint64_t values[items];
+    for (int j = 0; j < items; ++j) {
+      const std::int64_t index = base + threadIdx.x * items + j;
+      values[j] = index < count ? in[index] : 0;
+    }
+    std::uint64_t total = 0;
+    scan_t(scan).ExclusiveSum(values, values, total);
+    for (int j = 0; j < items; ++j) {
+      const std::int64_t index = base + threadIdx.x * items + j;
+      if (index < count) out[index] = carry + values[j];
+    }
+    carry += total;
+    __syncthreads();
+  }
+}
+
+template <class Key, class KeyOf, class Writer>
+DROPIT_KERNEL void select_emit_kernel(KeyOf key_of, std::uint64_t m, const select_state<Key>* state,
+                                      const std::uint64_t* span_offsets, Writer visit) {
+  __shared__ emit_storage emit;
+  const cut<Key> c{state->prefix, state->needed};
+  const std::uint64_t spans = (m + span_size - 1) / span_size;
+  for (std::uint64_t span = blockIdx.x; span < spans; span += gridDim.x) {
+    const std::uint64_t begin = span * span_size;
+    const std::uint64_t end = begin + span_size < m ? begin + span_size : m;
+    const std::uint64_t before = span_offsets[span];
+    emit_selected(key_of, c, begin, end, before >> 32, before & 0xffffffffu, emit, visit);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Densify of bitmask and offsets caches.
+
+inline constexpr std::int64_t mask_words_per_block = block_threads;
+
+/// Set bits per block of `mask_words_per_block` words.
+template <class = void>
+DROPIT_KERNEL void mask_count_kernel(const std::uint32_t* words, std::int64_t word_count,
+                                     std::uint64_t* counts) {
+  using reduce_t = cub::BlockReduce<std::uint64_t, block_threads>;
+  __shared__ typename reduce_t::TempStorage reduce;
+  const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::int64_t w = b * mask_words_per_block + threadIdx.x;
+    const std::uint64_t bits = w < word_count ? __popc(words[w]) : 0;
+    const std::uint64_t total = reduce_t(reduce).Sum(bits);
+    if (threadIdx.x == 0) counts[b] = total;
+    __syncthreads();
+  }
+}
+
+/// Writes every element a bitmask cache covers. Word w of the mask buffer is word w %
+/// words_per_chunk of chunk w / words_per_chunk, and the chunks' values follow each other, so the
+/// scan of set bits over the whole buffer (`block_offsets`, per block of words) is each kept
+/// value's index.
+template <class T, class Out>
+DROPIT_KERNEL void mask_densify_kernel(element_plan p, const std::uint32_t* words,
+                                       std::int64_t word_count, const std::uint64_t* block_offsets,
+                                       const T* values, Out* out) {
+  using scan_t = cub::BlockScan<std::uint32_t, block_threads>;
+  __shared__ typename scan_t::TempStorage scan;
+  __shared__ std::uint32_t word_bits[mask_words_per_block];
+  __shared__ std::uint32_t word_first[mask_words_per_block];  // set bits before the word
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const std::int64_t first_word = b * mask_words_per_block;
+    const std::int64_t w = first_word + threadIdx.x;
+    const std::uint32_t bits = w < word_count ? words[w] : 0u;
+    std::uint32_t before = 0;
+    scan_t(scan).ExclusiveSum(static_cast<std::uint32_t>(__popc(bits)), before);
+    word_bits[threadIdx.x] = bits;
+    word_first[threadIdx.x] = before;
+    __syncthreads();
+    const std::uint64_t block_first = block_offsets[b];
+    for (std::int64_t j = warp; j < mask_words_per_block; j += block_threads / 32) {
+      const std::int64_t word = first_word + j;
+      if (word >= word_count) break;  // uniform across the warp
+      const std::int64_t chunk = word / p.words_per_chunk;
+      const std::int64_t position = (word % p.words_per_chunk) * 32 + lane;
+      if (position >= p.chunk_length(chunk)) continue;
+      const std::uint32_t word_value = word_bits[j];
+      Out result{};
+      if ((word_value >> lane) & 1u) {
+        const std::uint64_t index =
+            block_first + word_first[j] + __popc(word_value & ((1u << lane) - 1u));
+        result = densified<Out>(values[index], p.rescale, p.scale(chunk));
+      }
+      out[p.chunk_begin(chunk) + position] = result;
+    }
+    __syncthreads();  // before word_bits, word_first and the scan storage are reused
+  }
+}
+
+/// out[chunk start + offset] = value, for every kept value (out zeroed beforehand).
+template <class T, class Out, class Offset>
+DROPIT_KERNEL void scatter_offsets_kernel(element_plan p, std::int64_t kept, const T* values,
+                                          const Offset* offsets, Out* out) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t j = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; j < kept;
+       j += stride) {
+    // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's.
+    std::int64_t chunk = j / p.kept_per_chunk;
+    if (chunk > p.full_chunks) chunk = p.full_chunks;
+    out[p.chunk_begin(chunk) + offsets[j]] = densified<Out>(values[j], p.rescale, p.scale(chunk));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Channels.
+
+/// Sum of squares of each run of `channel_score_block` consecutive elements of each channel (in
+/// [outer, inner] order), summed sequentially in double: run_sums[c * runs + r].
+template <class T>
+DROPIT_KERNEL void channel_run_sums_kernel(channel_plan p, const T* input, std::int64_t runs,
+                                           double* run_sums) {
+  const std::int64_t per_channel = p.outer * p.inner;
+  const std::int64_t items = p.channels * runs;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t item = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; item < items;
+       item += stride) {
+    const std::int64_t c = item / runs;
+    const std::int64_t begin = item % runs * channel_score_block;
+    const std::int64_t end =
+        begin + channel_score_block < per_channel ? begin + channel_score_block : per_channel;
+    std::int64_t o = begin / p.inner, r = begin % p.inner;
+    double sum = 0.0;
+    for (std::int64_t e = begin; e < end; ++e) {
+      const double x = to_float(input[(o * p.channels + c) * p.inner + r]);
+      sum = __dadd_rn(sum, __dmul_rn(x, x));  // never fused: the CPU backend adds x*x rounded
+      if (++r == p.inner) {
+        r = 0;
+        ++o;
+      }
+    }
+    run_sums[item] = sum;
+  }
+}
+
+/// Adds each channel's run sums in order and turns the score into a key ordered like
+/// channel_ranks_before: scores are >= +0, +inf or NaN, whose bits ascend with the score, and
+/// every NaN is clamped to one key above infinity.
+template <class = void>
+DROPIT_KERNEL void channel_keys_kernel(const double* run_sums, std::int64_t runs,
+                                       std::int64_t channels, std::uint64_t* keys) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t c = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; c < channels;
+       c += stride) {
+    double total = 0.0;
+    for (std::int64_t r = 0; r < runs; ++r) total = __dadd_rn(total, run_sums[c * runs + r]);
+    keys[c] = total != total ? 0x7ff0000000000001ull
+                             : static_cast<std::uint64_t>(__double_as_longlong(total));
+  }
+}
+
+/// values[(o * kept + j) * inner + r] = input[(o * channels + list[j]) * inner + r].
+template <class T>
+DROPIT_KERNEL void channel_gather_kernel(channel_plan p, const T* input, const std::uint32_t* list,
+                                         T* values) {
+  const std::int64_t count = p.outer * p.kept * p.inner;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t e = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; e < count;
+       e += stride) {
+    const std::int64_t r = e % p.inner, row = e / p.inner;
+    const std::int64_t j = row % p.kept, o = row / p.kept;
+    values[e] = input[(o * p.channels + list[j]) * p.inner + r];
+  }
+}
+
+/// slot_of[list[j]] = j (slot_of filled with -1 beforehand).
+template <class = void>
+DROPIT_KERNEL void channel_map_kernel(const std::uint32_t* list, std::int64_t kept,
+                                      std::int32_t* slot_of) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t j = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; j < kept;
+       j += stride)
+    slot_of[list[j]] = static_cast<std::int32_t>(j);
+}
+
+template <class T, class Out>
+DROPIT_KERNEL void channel_densify_kernel(channel_plan p, const std::int32_t* slot_of,
+                                          const T* values, Out* out) {
+  const std::int64_t count = p.outer * p.channels * p.inner;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t e = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; e < count;
+       e += stride) {
+    const std::int64_t r = e % p.inner, row = e / p.inner;
+    const std::int64_t c = row % p.channels, o = row / p.channels;
+    const std::int32_t j = slot_of[c];
+    out[e] =
+        j < 0 ? Out{} : densified<Out>(values[(o * p.kept + j) * p.inner + r], p.rescale, p.scale);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight gradients.
+
+inline constexpr int gemm_tile = 16;
+static_assert(gemm_tile * gemm_tile == block_threads);
+
+/// dW[o, i] (=, +=) sum_m dZ[m, o] * A[m, i], one 16x16 tile of dW per block iteration.
+template <class T>
+DROPIT_KERNEL void linear_weight_grad_kernel(const float* a, const T* dz, T* dw, std::int64_t rows,
+                                             std::int64_t in_features, std::int64_t out_features,
+                                             grad_mode mode) {
+  __shared__ float dz_tile[gemm_tile][gemm_tile + 1];  // [m][o]
+  __shared__ float a_tile[gemm_tile][gemm_tile + 1];   // [m][i]
+  const int tx = static_cast<int>(threadIdx.x) % gemm_tile;
+  const int ty = static_cast<int>(threadIdx.x) / gemm_tile;
+  const std::int64_t tiles_i = (in_features + gemm_tile - 1) / gemm_tile;
+  const std::int64_t tiles = tiles_i * ((out_features + gemm_tile - 1) / gemm_tile);
+  for (std::int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    const std::int64_t i0 = t % tiles_i * gemm_tile, o0 = t / tiles_i * gemm_tile;
+    float sum = 0.0f;
+    for (std::int64_t m0 = 0; m0 < rows; m0 += gemm_tile) {
+      const std::int64_t m = m0 + ty;
+      dz_tile[ty][tx] =
+          m < rows && o0 + tx < out_features ? to_float(dz[m * out_features + o0 + tx]) : 0.0f;
+      a_tile[ty][tx] = m < rows && i0 + tx < in_features ? a[m * in_features + i0 + tx] : 0.0f;
+      __syncthreads();
+      for (int mm = 0; mm < gemm_tile; ++mm) sum += dz_tile[mm][ty] * a_tile[mm][tx];
+      __syncthreads();
+    }
+    const std::int64_t o = o0 + ty, i = i0 + tx;
+    if (o < out_features && i < in_features) store_gradient(dw[o * in_features + i], sum, mode);
+  }
+}
+
+/// dW[co, ci, kh, kw] (=, +=) sum over (n, oh, ow) of dZ[n, co, oh, ow] * X[n, cin, ih, iw], one
+/// dW element per block iteration; X is the densified float input.
+template <class T>
+DROPIT_KERNEL void conv2d_weight_grad_kernel(cpu::conv2d_geometry g, const float* x, const T* dz,
+                                             T* dw, grad_mode mode) {
+  using reduce_t = cub::BlockReduce<float, block_threads>;
+  __shared__ typename reduce_t::TempStorage reduce;
+  const std::int64_t group_in = g.in_channels / g.groups, group_out = g.out_channels / g.groups;
+  const std::int64_t taps = g.kernel_h * g.kernel_w;
+  const std::int64_t outputs = g.out_channels * group_in * taps;
+  const std::int64_t pixels = g.out_height * g.out_width;
+  const std::int64_t terms = g.batch * pixels;
+  for (std::int64_t w = blockIdx.x; w < outputs; w += gridDim.x) {
+    const std::int64_t tap = w % taps, ci = w / taps % group_in, co = w / (taps * group_in);
+    const std::int64_t kh = tap / g.kernel_w, kw = tap % g.kernel_w;
+    const std::int64_t channel = co / group_out * group_in + ci;
+    float sum = 0.0f;
+    for (std::int64_t term = threadIdx.x; term < terms; term += block_threads) {
+      const std::int64_t n = term / pixels, pixel = term % pixels;
+      const std::int64_t oh = pixel / g.out_width, ow = pixel % g.out_width;
+      const std::int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
+      const std::int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+      if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
+      sum += to_float(dz[(n * g.out_channels + co) * pixels + pixel]) *
+             x[((n * g.in_channels + channel) * g.height + ih) * g.width + iw];
+    }
+    const float total = reduce_t(reduce).Sum(sum);
+    if (threadIdx.x == 0) store_gradient(dw[w], total, mode);
+    __syncthreads();  // before the reduction storage is reused
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// ReLU masks.
+
+template <class T>
+DROPIT_KERNEL void pack_relu_mask_kernel(const T* y, std::int64_t n, std::uint32_t* words) {
+  const std::int64_t lane = threadIdx.x & 31u;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  // Loop by warp so that all 32 lanes vote on every word.
+  for (std::int64_t base = std::int64_t{blockIdx.x} * block_threads + (threadIdx.x & ~31u);
+       base < n; base += stride) {
+    const std::int64_t i = base + lane;
+    const bool passes = i < n && !(to_float(y[i]) <= 0.0f);
+    const std::uint32_t bits = __ballot_sync(0xffffffffu, passes);
+    if (lane == 0) words[base / 32] = bits;
+  }
+}
+
+template <class T>
+DROPIT_KERNEL void apply_relu_mask_kernel(const std::uint32_t* words, const T* dy, T* dx,
+                                          std::int64_t n) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < n; i += stride)
+    dx[i] = (words[i / 32] >> (i % 32)) & 1u ? dy[i] : T{};
+}
+
+}  // namespace dropit::detail::cuda

@@ -1,0 +1,216 @@
+// CPU/GPU parity of compress and densify: for every policy, element type, drop rate and a range of
+// shapes (chunk tails, tensors over 2^16 elements, more candidates than one span of the multi-block
+// selection, many channels), the GPU cache must hold the CPU cache's values and encoded positions
+// bit for bit, and densify must agree bit for bit, on GPU-made and CPU-made caches alike. Also the
+// ReLU mask, the caller's stream, and bad inputs.
+
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "cuda_helpers.cuh"
+
+namespace {
+
+using cuda_test::device_buffer;
+using dropit::bfloat16;
+using dropit::half;
+using namespace dropit;
+
+const cpu_backend serial{1};
+
+struct shape_case {
+  std::vector<std::int64_t> dims;
+  int channel_axis;
+};
+
+const shape_case shape_cases[] = {
+    {{1}, 0},      {{7}, 0},    {{33}, 0}, {{100, 3}, 1}, {{2, 3, 5, 7}, 1}, {{3, 64, 9}, 1},
+    {{4, 33}, -1}, {{5000}, 0}, {{0}, 0},  {{4, 0}, 1},   {{0, 6}, 1},
+};
+
+// Bigger shapes: default chunks with a tail, min-k with 32-bit offsets and several spans of the
+// multi-block selection, channels spread over several spans, channels scored over several runs.
+const shape_case large_cases[] = {
+    {{3 * 16384 + 77}, 0}, {{7, 10001}, 1}, {{2, 40000}, 1}, {{3, 5, 1000}, 1}};
+
+// The GPU run of `p` on x must reproduce the CPU run bit for bit.
+template <class T, class P>
+void check_parity(const std::vector<T>& x, const dropit::shape& s, const P& p,
+                  const cuda_backend& gpu) {
+  const auto want = compress(serial, p, test::view_of(x, s));
+  const device_buffer<T> input(x);
+  const auto got = cuda_test::gpu_compress<T>(gpu, want.layout(), input);
+  CHECK_BITS_EQUAL(got.values.download(), test::values_of(want));
+  CHECK(got.position_bytes() == test::position_bytes(want));
+
+  const auto dense = densify(serial, want);
+  CHECK_BITS_EQUAL(cuda_test::gpu_densify(gpu, got), dense);
+  CHECK_BITS_EQUAL(cuda_test::gpu_densify(gpu, cuda_test::upload(want)), dense);
+}
+
+template <class T, class F>
+void for_each_case(const shape_case* begin, const shape_case* end, F&& f) {
+  std::uint64_t seed = 11;
+  for (const shape_case* c = begin; c != end; ++c)
+    for (double gamma : {0.0, 0.29, 0.5, 0.9, 0.99})
+      for (bool nasty : {true, false}) {
+        const dropit::shape s = test::shape_of(c->dims);
+        const std::int64_t n = s.numel();
+        const auto x = nasty ? test::nasty_values<T>(n, seed++) : test::smooth_values<T>(n, seed++);
+        test::for_each_policy(gamma, c->channel_axis, [&](const auto& p, const char* name) {
+          CAPTURE(s);
+          CAPTURE(gamma);
+          CAPTURE(nasty);
+          CAPTURE(name);
+          f(x, s, p);
+        });
+      }
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda: compress and densify match the CPU backend bit for bit", T, float,
+                   dropit::half, bfloat16) {
+  const cuda_backend gpu{};
+  for_each_case<T>(
+      std::begin(shape_cases), std::end(shape_cases),
+      [&](const auto& x, const auto& s, const auto& p) { check_parity(x, s, p, gpu); });
+}
+
+TEST_CASE_TEMPLATE("cuda: large tensors, many channels and spans", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  for_each_case<T>(
+      std::begin(large_cases), std::end(large_cases),
+      [&](const auto& x, const auto& s, const auto& p) { check_parity(x, s, p, gpu); });
+}
+
+TEST_CASE_TEMPLATE("cuda: chunk sizes from 1 to 2^16, ties everywhere", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t n = 3 * 65536 + 1000;
+  std::vector<std::vector<T>> inputs = {test::nasty_values<T>(n, 5),
+                                        std::vector<T>(n, test::make<T>(1.0)),  // one big tie
+                                        std::vector<T>(n, T{})};                // all +0
+  std::vector<T> nans(n, test::from_bits<T>(test::special<T>::quiet_nan));
+  for (std::int64_t i = 0; i < n; i += 3) nans[i] = test::from_bits<T>(test::special<T>::inf);
+  inputs.push_back(nans);
+  for (const auto& x : inputs)
+    for (std::int64_t d : {1, 2, 31, 32, 33, 1000, 16384, 65535, 65536})
+      for (double gamma : {0.0, 0.5, 0.9, 0.999}) {
+        CAPTURE(d);
+        CAPTURE(gamma);
+        check_parity(x, {n}, policy<chunked_min_k_selection>{{gamma, d}}, gpu);
+        check_parity(x, {n}, policy<random_selection>{{.gamma = gamma, .seed = 3, .chunk_size = d}},
+                     gpu);
+        check_parity(
+            x, {n},
+            policy<random_selection>{{.gamma = gamma, .seed = 4, .chunk_size = d, .rescale = true}},
+            gpu);
+      }
+  for (const auto& x : inputs)
+    for (double gamma : {0.0, 0.5, 0.9, 0.999}) {
+      CAPTURE(gamma);
+      check_parity(x, {n}, policy<min_k_selection>{{gamma}}, gpu);
+      const std::vector<T> head(x.begin(), x.begin() + 197 * 1000);  // 197 equal-score channels
+      check_parity(head, {1000, 197}, policy<min_k_selection, channel_granularity>{{gamma}, {1}},
+                   gpu);
+    }
+}
+
+TEST_CASE("cuda: work on the caller's stream") {
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const cuda_backend gpu{stream};
+  const std::int64_t n = 100000;
+  const auto x = test::nasty_values<float>(n, 9);
+  check_parity(x, {n}, policy<chunked_min_k_selection>{{0.9, 4096}}, gpu);
+  check_parity(x, {n}, policy<min_k_selection>{{0.9}}, gpu);
+  check_parity(x, {100, 1000}, policy<random_selection, channel_granularity>{{.gamma = 0.5}, {1}},
+               gpu);
+  CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  for (std::int64_t n : {1, 31, 32, 33, 1000, 100003}) {
+    CAPTURE(n);
+    const auto y = test::nasty_values<T>(n, static_cast<std::uint64_t>(n));
+    const auto dy = test::smooth_values<T>(n, static_cast<std::uint64_t>(n) + 1);
+    std::vector<std::uint32_t> want_words(static_cast<std::size_t>(relu_mask_words(n)));
+    pack_relu_mask<T>(serial, test::view_of(y, {n}), want_words.data());
+    std::vector<T> want_dx(dy.size());
+    apply_relu_mask<T>(serial, want_words.data(), test::view_of(dy, {n}),
+                       test::view_of(want_dx, {n}));
+
+    const device_buffer<T> d_y(y), d_dy(dy);
+    device_buffer<std::uint32_t> d_words(want_words.size());
+    device_buffer<T> d_dx(dy.size());
+    d_words.poison();
+    d_dx.poison();
+    pack_relu_mask<T>(gpu, {d_y.data(), dropit::shape{n}}, d_words.data());
+    apply_relu_mask<T>(gpu, d_words.data(), {d_dy.data(), dropit::shape{n}},
+                       {d_dx.data(), dropit::shape{n}});
+    cuda_test::finish(gpu);
+    CHECK(d_words.download() == want_words);
+    CHECK_BITS_EQUAL(d_dx.download(), want_dx);
+  }
+}
+
+TEST_CASE("cuda: bad inputs throw dropit::error naming the value") {
+  const cuda_backend gpu{};
+  const std::int64_t n = 1000;
+  const auto host = test::smooth_values<float>(n, 1);
+  const device_buffer<float> input(host);
+  const auto layout = plan_cache<float>(policy<min_k_selection>{{0.9}}, dropit::shape{n});
+  cuda_test::device_cache<float> out(layout);
+  const auto scratch = cuda_test::device_workspace(compress_workspace_bytes<float>(gpu, layout));
+  const workspace ws = cuda_test::as_workspace(scratch);
+  const tensor_view<const float> in{input.data(), dropit::shape{n}};
+
+  // Host memory where device memory is expected (unless the device reads pageable memory).
+  int device = 0, pageable = 0;
+  CUDA_REQUIRE(cudaGetDevice(&device));
+  CUDA_REQUIRE(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device));
+  std::vector<float> host_values(static_cast<std::size_t>(layout.kept()));
+  std::vector<std::byte> host_scratch(scratch.size());
+  std::vector<float> host_dense(static_cast<std::size_t>(n));
+  std::vector<std::uint32_t> host_words(static_cast<std::size_t>(relu_mask_words(n)));
+  if (pageable != 0) {
+    MESSAGE("this device reads pageable host memory: host-pointer checks not applicable");
+  } else {
+    CHECK_ERROR(compress<float>(gpu, test::view_of(host, {n}), out.view(), ws), "compress input",
+                "host memory");
+    CHECK_ERROR(compress<float>(gpu, in, {layout, host_values.data(), out.positions.data()}, ws),
+                "cache values buffer", "host memory");
+    CHECK_ERROR(compress<float>(gpu, in, out.view(), workspace(host_scratch)), "compress workspace",
+                "host memory");
+    CHECK_ERROR(densify<float>(gpu, out.const_view(), test::view_of(host_dense, {n}),
+                               cuda_test::as_workspace(cuda_test::device_workspace(
+                                   densify_workspace_bytes<float>(gpu, layout)))),
+                "densify output", "host memory");
+    CHECK_ERROR(pack_relu_mask<float>(gpu, in, host_words.data()), "ReLU mask buffer",
+                "host memory");
+  }
+
+  // The checks the CPU backend makes, made by the CUDA overloads too.
+  CHECK_ERROR(compress<float>(gpu, in, out.view(), ws.first(ws.size() - 1)), "compress",
+              "workspace of", std::to_string(ws.size() - 1));
+  CHECK_ERROR(compress<float>(gpu, in, {layout, nullptr, out.positions.data()}, ws),
+              "values buffer is null");
+  CHECK_ERROR(compress<float>(gpu, {input.data(), dropit::shape{n - 1}}, out.view(), ws),
+              "compress input", "[999]", "[1000]");
+  CHECK_ERROR(compress_workspace_bytes<dropit::half>(gpu, layout), "float32", "float16");
+  CHECK_ERROR(densify_workspace_bytes<bfloat16>(gpu, layout), "float32", "bfloat16");
+
+  device_buffer<float> dense(static_cast<std::size_t>(n));
+  CHECK_ERROR(densify<float>(gpu, out.const_view(), {dense.data(), dropit::shape{n, 1}}, {}),
+              "densify output", "[1000, 1]");
+  CHECK_ERROR(pack_relu_mask<float>(gpu, in, nullptr), "null");
+
+  // None of that left an error behind: a good call still works.
+  check_parity(host, {n}, policy<min_k_selection>{{0.9}}, gpu);
+}

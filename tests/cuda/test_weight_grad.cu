@@ -1,0 +1,196 @@
+// GPU weight gradients from a cache equal the dense formula applied to densify(cache), within the
+// float tolerance of the CPU tests, for every policy, element type, a range of linear shapes and
+// the convolution parameter grid; replacing or accumulating into dW. The caches are made by the CPU
+// backend and copied to the device, so these tests exercise the gradient path alone.
+
+#include <numeric>
+#include <vector>
+
+#include "cuda_helpers.cuh"
+
+namespace {
+
+using cuda_test::device_buffer;
+using dropit::bfloat16;
+using dropit::half;
+using namespace dropit;
+
+const cpu_backend serial{1};
+
+// want + old, for checking grad_mode::accumulate.
+template <class T>
+ref::dense_gradient plus(ref::dense_gradient g, const std::vector<T>& old) {
+  for (std::size_t i = 0; i < old.size(); ++i) {
+    g.value[i] += ref::value_of(old[i]);
+    g.magnitude[i] += std::fabs(ref::value_of(old[i]));
+  }
+  return g;
+}
+
+struct linear_case {
+  std::vector<std::int64_t> a_dims;  // [..., K]
+  std::int64_t out_features;
+};
+
+const linear_case linear_cases[] = {
+    {{1, 1}, 1}, {{7, 5}, 3}, {{64, 33}, 65}, {{200, 48}, 64}, {{3, 4, 10}, 130}, {{130, 1}, 2},
+    {{17}, 5},   {{0, 5}, 3}, {{4, 0}, 3},    {{4, 6}, 0},     {{300, 100}, 17}};
+
+template <class T, class P>
+void check_linear(const P& p, const linear_case& lc, std::uint64_t seed) {
+  const std::int64_t k = lc.a_dims.back();
+  const std::int64_t m =
+      std::accumulate(lc.a_dims.begin(), lc.a_dims.end() - 1, std::int64_t{1}, std::multiplies<>());
+  const std::int64_t n = lc.out_features;
+  const auto a = test::smooth_values<T>(m * k, seed);
+  const auto dz = test::smooth_values<T>(m * n, seed + 1);
+  const auto c = compress(serial, p, test::view_of(a, test::shape_of(lc.a_dims)));
+  const auto want = ref::linear_dw(densify(serial, c), dz, m, k, n);
+  const auto tol = test::tolerance_for<T>(c.layout().rescale);
+
+  const cuda_backend gpu{};
+  const auto cache = cuda_test::upload(c);
+  const device_buffer<T> d_dz(dz);
+  const dropit::shape dz_shape{m, n}, dw_shape{n, k};
+  const auto scratch = cuda_test::device_workspace(
+      linear_weight_grad_workspace_bytes<T>(gpu, c.layout(), dz_shape, dw_shape));
+  device_buffer<T> d_dw(std::vector<T>(static_cast<std::size_t>(n * k), test::make<T>(123.0)));
+  linear_weight_grad<T>(gpu, cache.const_view(), {d_dz.data(), dz_shape}, {d_dw.data(), dw_shape},
+                        grad_mode::overwrite, cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  CHECK_GRADIENT(d_dw.download(), want, tol);
+
+  const auto old = test::smooth_values<T>(n * k, seed + 2);
+  d_dw.upload(old);
+  linear_weight_grad<T>(gpu, cache.const_view(), {d_dz.data(), dz_shape}, {d_dw.data(), dw_shape},
+                        grad_mode::accumulate, cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  CHECK_GRADIENT(d_dw.download(), plus(want, old), tol);
+}
+
+std::vector<ref::conv_shape> conv_grid() {
+  std::vector<ref::conv_shape> grid;
+  const std::int64_t kernels[][2] = {{1, 1}, {3, 3}, {3, 2}};
+  for (std::int64_t stride : {1, 2})
+    for (std::int64_t pad : {0, 1})
+      for (std::int64_t dilation : {1, 2})
+        for (std::int64_t groups : {1, 2, 8})
+          for (const auto& kernel : kernels) {
+            ref::conv_shape g{.batch = 2,
+                              .in_channels = 8,
+                              .height = 9,
+                              .width = 7,
+                              .out_channels = 8,
+                              .kernel_h = kernel[0],
+                              .kernel_w = kernel[1]};
+            g.stride_h = g.stride_w = stride;
+            g.pad_h = g.pad_w = pad;
+            g.dilation_h = g.dilation_w = dilation;
+            g.groups = groups;
+            if (g.out_h() > 0 && g.out_w() > 0) grid.push_back(g);
+          }
+  return grid;
+}
+
+template <class T, class P>
+void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
+  const auto x = test::smooth_values<T>(g.x_numel(), seed);
+  const auto dz = test::smooth_values<T>(g.dz_numel(), seed + 1);
+  const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
+  const dropit::shape dz_shape{g.batch, g.out_channels, g.out_h(), g.out_w()};
+  const dropit::shape dw_shape{g.out_channels, g.in_channels / g.groups, g.kernel_h, g.kernel_w};
+  conv2d_params params;
+  params.stride[0] = g.stride_h;
+  params.stride[1] = g.stride_w;
+  params.padding[0] = g.pad_h;
+  params.padding[1] = g.pad_w;
+  params.dilation[0] = g.dilation_h;
+  params.dilation[1] = g.dilation_w;
+  params.groups = g.groups;
+  const auto c = compress(serial, p, test::view_of(x, x_shape));
+  const auto want = ref::conv2d_dw(densify(serial, c), dz, g);
+  const auto tol = test::tolerance_for<T>(c.layout().rescale);
+
+  const cuda_backend gpu{};
+  const auto cache = cuda_test::upload(c);
+  const device_buffer<T> d_dz(dz);
+  const auto scratch = cuda_test::device_workspace(
+      conv2d_weight_grad_workspace_bytes<T>(gpu, c.layout(), dz_shape, dw_shape, params));
+  device_buffer<T> d_dw(
+      std::vector<T>(static_cast<std::size_t>(g.dw_numel()), test::make<T>(-7.0)));
+  conv2d_weight_grad<T>(gpu, cache.const_view(), {d_dz.data(), dz_shape}, {d_dw.data(), dw_shape},
+                        params, grad_mode::overwrite, cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  CHECK_GRADIENT(d_dw.download(), want, tol);
+
+  const auto old = test::smooth_values<T>(g.dw_numel(), seed + 2);
+  d_dw.upload(old);
+  conv2d_weight_grad<T>(gpu, cache.const_view(), {d_dz.data(), dz_shape}, {d_dw.data(), dw_shape},
+                        params, grad_mode::accumulate, cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  CHECK_GRADIENT(d_dw.download(), plus(want, old), tol);
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("cuda: linear dW equals dZ^T densify(cache)", T, float, dropit::half,
+                   dropit::bfloat16) {
+  std::uint64_t seed = 1;
+  for (const linear_case& lc : linear_cases)
+    for (double gamma : {0.0, 0.7, 0.95}) {
+      CAPTURE(lc.a_dims.size());
+      CAPTURE(lc.out_features);
+      CAPTURE(gamma);
+      test::for_each_policy(gamma, -1, [&](const auto& p, const char* name) {
+        CAPTURE(name);
+        check_linear<T>(p, lc, seed += 3);
+      });
+    }
+}
+
+TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum over densify(cache)", T, float,
+                   dropit::half, bfloat16) {
+  std::uint64_t seed = 1;
+  for (const ref::conv_shape& g : conv_grid())
+    for (double gamma : {0.0, 0.6}) {
+      CAPTURE(g.stride_h);
+      CAPTURE(g.pad_h);
+      CAPTURE(g.dilation_h);
+      CAPTURE(g.groups);
+      CAPTURE(g.kernel_h);
+      CAPTURE(g.kernel_w);
+      CAPTURE(gamma);
+      test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
+        CAPTURE(name);
+        check_conv<T>(p, g, seed += 3);
+      });
+    }
+}
+
+TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value") {
+  const cuda_backend gpu{};
+  const auto a = test::smooth_values<float>(6 * 4, 1);
+  const auto c = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(a, {6, 4}));
+  const auto cache = cuda_test::upload(c);
+  const device_buffer<float> dz(std::vector<float>(6 * 3, 1.0f));
+  device_buffer<float> dw(3 * 4);
+  const auto bytes = linear_weight_grad_workspace_bytes<float>(gpu, c.layout(), {6, 3}, {3, 4});
+  const auto scratch = cuda_test::device_workspace(bytes);
+  const workspace ws = cuda_test::as_workspace(scratch);
+
+  CHECK_ERROR(linear_weight_grad<float>(gpu, cache.const_view(), {dz.data(), dropit::shape{5, 3}},
+                                        {dw.data(), dropit::shape{3, 4}}, grad_mode::overwrite, ws),
+              "dZ", "[5, 3]");
+  CHECK_ERROR(linear_weight_grad<float>(gpu, cache.const_view(), {dz.data(), dropit::shape{6, 3}},
+                                        {dw.data(), dropit::shape{4, 3}}, grad_mode::overwrite, ws),
+              "dW", "[4, 3]");
+  CHECK_ERROR(linear_weight_grad<float>(gpu, cache.const_view(), {dz.data(), dropit::shape{6, 3}},
+                                        {dw.data(), dropit::shape{3, 4}}, grad_mode::overwrite,
+                                        ws.first(bytes - 1)),
+              "linear_weight_grad", "workspace of");
+  CHECK_ERROR(linear_weight_grad_workspace_bytes<dropit::half>(gpu, c.layout(), {6, 3}, {3, 4}),
+              "float32", "float16");
+  CHECK_ERROR(
+      conv2d_weight_grad_workspace_bytes<float>(gpu, c.layout(), {6, 3}, {3, 4}, conv2d_params{}),
+      "conv2d input", "[6, 4]");
+}
