@@ -19,10 +19,11 @@ namespace dropit::detail::cpu {
 // ---------------------------------------------------------------------------------------------
 // Element granularity.
 
-/// Selection keys of one chunk: magnitudes of `input` for min-k, generator draws for random.
+/// Selection keys of one chunk (magnitudes of `input` for min-k, generator draws for random) and
+/// their radix histogram.
 template <storage_type T>
-void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
-                std::uint32_t* keys) {
+radix_histogram chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
+                           std::uint32_t* keys) {
   const std::int64_t length = layout.chunk_length(chunk);
   if (layout.selection == selection_kind::random) {
     for (std::int64_t i = 0; i < length; ++i)
@@ -32,6 +33,8 @@ void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
     const T* data = input + layout.chunk_begin(chunk);
     for (std::int64_t i = 0; i < length; ++i) keys[i] = magnitude_key(data[i]);
   }
+  // Counted in a pass of its own: the key loops above vectorise, the counting cannot.
+  return radix_histogram(keys, length);
 }
 
 /// Scratch keys one thread needs for an element layout: the chunk's keys and the selection's.
@@ -48,8 +51,9 @@ void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chu
   T* values = out.values + layout.values_begin(chunk);
 
   std::uint32_t* keys = scratch;
-  chunk_keys(layout, input, chunk, keys);
-  const threshold cut = select_threshold(keys, length, kept, scratch + layout.chunk_size);
+  const radix_histogram histogram = chunk_keys(layout, input, chunk, keys);
+  const threshold cut =
+      select_threshold(keys, length, kept, histogram, scratch + layout.chunk_size);
 
   std::int64_t stored = 0;
   switch (layout.encoding) {
@@ -112,8 +116,10 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
       }
       break;
     default: {  // seeded: regenerate the draw made in compress
-      chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
-      const threshold cut = select_threshold(scratch, length, kept, scratch + layout.chunk_size);
+      const radix_histogram histogram =
+          chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
+      const threshold cut =
+          select_threshold(scratch, length, kept, histogram, scratch + layout.chunk_size);
       std::int64_t value = first_value;
       for_each_selected(scratch, length, cut, [&](std::int64_t i) { visit(begin + i, value++); });
     }

@@ -19,37 +19,52 @@ inline constexpr int select_radix_shift = 32 - select_radix_bits;
 /// Keys needed as scratch by `select_threshold` for `n` candidates.
 inline std::int64_t select_scratch_keys(std::int64_t n) { return n; }
 
-/// The cut that keeps exactly `k` of `keys[0, n)`. `scratch` holds `select_scratch_keys(n)` keys.
+/// Counts of the top `select_radix_bits` bits of the keys, in two interleaved halves: magnitudes
+/// cluster in few bins, and consecutive increments of one counter would wait on each other.
+struct radix_histogram {
+  static constexpr std::size_t bins = std::size_t{1} << select_radix_bits;
+  std::array<std::uint32_t, 2 * bins> counts{};
+
+  radix_histogram(const std::uint32_t* keys, std::int64_t n) {
+    std::int64_t i = 0;
+    for (; i + 1 < n; i += 2) {
+      ++counts[keys[i] >> select_radix_shift];
+      ++counts[bins + (keys[i + 1] >> select_radix_shift)];
+    }
+    if (i < n) ++counts[keys[i] >> select_radix_shift];
+  }
+  std::int64_t operator[](std::size_t bin) const {
+    return std::int64_t{counts[bin]} + counts[bins + bin];
+  }
+};
+
+/// The cut that keeps exactly `k` of `keys[0, n)`, given their `histogram`. `scratch` holds
+/// `select_scratch_keys(n)` keys.
 inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std::int64_t k,
-                                  std::uint32_t* scratch) {
+                                  const radix_histogram& histogram, std::uint32_t* scratch) {
   if (k <= 0) return {0xffffffffu, 0};
   if (k >= n) return {0, n};  // every key is >= 0: keep all
 
-  // Two interleaved histograms: magnitudes cluster in few bins, and consecutive increments of one
-  // counter would otherwise wait on each other.
-  constexpr std::size_t bins = std::size_t{1} << select_radix_bits;
-  std::array<std::uint32_t, 2 * bins> histograms{};
-  std::int64_t i = 0;
-  for (; i + 1 < n; i += 2) {
-    ++histograms[keys[i] >> select_radix_shift];
-    ++histograms[bins + (keys[i + 1] >> select_radix_shift)];
-  }
-  if (i < n) ++histograms[keys[i] >> select_radix_shift];
-
   std::int64_t above = 0;  // keys in bins above the one holding the k-th largest
-  std::size_t bin = bins - 1;
+  std::size_t bin = radix_histogram::bins - 1;
   for (;; --bin) {
-    const std::int64_t count = std::int64_t{histograms[bin]} + histograms[bins + bin];
-    if (above + count >= k) break;
-    above += count;
+    if (above + histogram[bin] >= k) break;
+    above += histogram[bin];
   }
 
-  // Only the bin's keys remain candidates (a few percent for real activations: the branch is
-  // well predicted). Narrow them down by further radix passes over the lower bits, so the final
-  // ordering only sees a handful.
+  // Only the bin's keys remain candidates (a few percent for real activations). Narrow them down
+  // by further radix passes over the lower bits, so the final ordering only sees a handful.
   std::int64_t candidates = 0;
-  for (std::int64_t j = 0; j < n; ++j)
-    if ((keys[j] >> select_radix_shift) == bin) scratch[candidates++] = keys[j];
+  for (std::int64_t word = 0; word * 32 < n; ++word) {
+    // A 32-bit match mask per word vectorises; only the matches are then visited.
+    const std::uint32_t* word_keys = keys + word * 32;
+    const int length = static_cast<int>(std::min<std::int64_t>(32, n - word * 32));
+    std::uint32_t matches = 0;
+    for (int j = 0; j < length; ++j)
+      matches |= static_cast<std::uint32_t>((word_keys[j] >> select_radix_shift) == bin) << j;
+    for (; matches != 0; matches &= matches - 1)
+      scratch[candidates++] = word_keys[std::countr_zero(matches)];
+  }
   std::int64_t needed = k - above;  // in [1, candidates]
   for (int shift = select_radix_shift; shift > 0 && candidates > 64;) {
     const int bits = std::min(shift, 8);
