@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "backend.hpp"
@@ -65,8 +66,15 @@ void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words,
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
   detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {
-    for (int j = 0; j < length; ++j)
-      dx.data[w * 32 + j] = (words[w] >> j) & 1u ? dy.data[w * 32 + j] : T{};
+    // Masking the bits rather than branching lets the loop vectorise.
+    using bits_type = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+    for (int j = 0; j < length; ++j) {
+      const auto keep = static_cast<bits_type>(0u - ((words[w] >> j) & 1u));
+      bits_type bits;
+      std::memcpy(&bits, &dy.data[w * 32 + j], sizeof bits);
+      bits &= keep;
+      std::memcpy(static_cast<void*>(&dx.data[w * 32 + j]), &bits, sizeof bits);
+    }
   });
 }
 

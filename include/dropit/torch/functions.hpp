@@ -105,9 +105,11 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
     at::Tensor d_input, d_weight, d_bias;
     if (ctx->needs_input_grad(0)) {
-      // torch's own input-gradient kernel reads only the input's shape: an expanded zero scalar
-      // stands in for the dropped input without allocating it.
-      const at::Tensor shape_only = at::zeros({1}, dz.options()).expand(input_sizes);
+      // torch's own input-gradient kernel reads only the input's shape, so an uninitialised
+      // tensor stands in for the dropped input. It must be contiguous: torch picks its fast
+      // (oneDNN) kernel only for contiguous inputs, and a zero-stride stand-in takes a path about
+      // twice as slow.
+      const at::Tensor shape_only = at::empty(input_sizes, dz.options());
       d_input = std::get<0>(at::convolution_backward(dz, shape_only, weight, c10::nullopt, stride,
                                                      padding, dilation, /*transposed=*/false,
                                                      {0, 0}, groups, {true, false, false}));

@@ -228,9 +228,26 @@ void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a
 // ---------------------------------------------------------------------------------------------
 // Conv2d.
 
+template <std::int64_t Width>
+DROPIT_ALWAYS_INLINE void multiply_add_fixed(float* __restrict acc, const float* __restrict x,
+                                             float scale) {
+  for (std::int64_t o = 0; o < Width; ++o) acc[o] += scale * x[o];
+}
+
+/// acc[0, width) += scale * x[0, width). The common channel counts get fully unrolled loops: the
+/// rows are short, and a general loop's set-up would cost as much as its arithmetic.
 DROPIT_ALWAYS_INLINE void multiply_add(float* __restrict acc, const float* __restrict x,
                                        float scale, std::int64_t width) {
-  for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
+  switch (width) {
+    case 16:
+      return multiply_add_fixed<16>(acc, x, scale);
+    case 32:
+      return multiply_add_fixed<32>(acc, x, scale);
+    case 64:
+      return multiply_add_fixed<64>(acc, x, scale);
+    default:
+      for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
+  }
 }
 
 struct conv2d_geometry {
