@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds dropit_bench_torch (Release) and runs it on a quiet machine: a full training step of the
+# Fashion-MNIST example models (CNN, ViT), dense vs dropit γ = 0.9 chunked min-k + 1-bit ReLU.
+#   benchmarks/results/torch-<machine>.json   Google Benchmark output (host name removed)
+#   benchmarks/results/torch.md               ratio table from benchmarks/torch/report.py
+# Arguments go to the benchmark binary. Environment: DROPIT_BENCH_BUILD_DIR (default build-bench),
+# DROPIT_BENCH_JOBS (2), DROPIT_BENCH_THREADS (every core), DROPIT_BENCH_BATCH (128),
+# DROPIT_BENCH_MIN_TIME (seconds per repetition, 2), DROPIT_BENCH_REPETITIONS (5).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+build="${DROPIT_BENCH_BUILD_DIR:-$root/build-bench}"
+results="$root/benchmarks/results"
+
+# Examples ON: their build unpacks Fashion-MNIST, so the step runs on a real batch.
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDROPIT_BUILD_BENCHMARKS=ON \
+  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=ON -DDROPIT_BUILD_TORCH=ON
+cmake --build "$build" --target dropit_bench_torch -j "${DROPIT_BENCH_JOBS:-2}"
+
+cores="$(nproc)"
+export DROPIT_BENCH_THREADS="${DROPIT_BENCH_THREADS:-$cores}"
+# libgomp threads spin after each parallel region by default and steal the cores OpenBLAS (linear
+# layers) needs; sleeping threads cost neither side anything measurable.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+
+model="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
+label="$(printf '%s' "${model:-cpu}" | tr '[:upper:]' '[:lower:]' |
+  sed -E 's/\((r|tm)\)//g; s/@.*$//; s/ (cpu|processor)( |$)/ /g' |
+  sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')"
+label="$label-${cores}c"
+json="$results/torch-$label.json"
+mkdir -p "$results"
+
+# Repetitions interleaved at random, so that a slow spell of a shared machine does not land on one
+# variant only; the medians are reported.
+"$build/benchmarks/torch/dropit_bench_torch" \
+  --benchmark_out="$json" --benchmark_out_format=json \
+  --benchmark_repetitions="${DROPIT_BENCH_REPETITIONS:-5}" \
+  --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
+  --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-2}" "$@"
+
+python3 - "$json" <<'PY'
+import json, sys
+path = sys.argv[1]
+with open(path) as f:
+    data = json.load(f)
+data.get("context", {}).pop("host_name", None)
+with open(path, "w") as f:
+    json.dump(data, f, indent=2)
+    f.write("\n")
+PY
+
+python3 "$here/report.py" "$json" --label "$label" --output "$results/torch.md"
+echo "wrote $json and $results/torch.md"
