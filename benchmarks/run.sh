@@ -25,11 +25,8 @@ export OMP_NUM_THREADS="$DROPIT_BENCH_THREADS" OPENBLAS_NUM_THREADS="$DROPIT_BEN
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
 # A machine label without the host name: CPU model and core count, e.g. amd-epyc-2c.
-model="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
-label="$(printf '%s' "${model:-cpu}" | tr '[:upper:]' '[:lower:]' |
-  sed -E 's/\((r|tm)\)//g; s/@.*$//; s/ (cpu|processor)( |$)/ /g' |
-  sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')"
-label="$label-${cores}c"
+. "$here/machine.sh"
+label="$(machine_label)"
 json="$results/cpu-$label.json"
 mkdir -p "$results"
 
@@ -41,16 +38,7 @@ mkdir -p "$results"
   --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-0.5}" --benchmark_min_warmup_time=0.05 \
   "$@"
 
-python3 - "$json" <<'EOF'
-import json, sys
-path = sys.argv[1]
-with open(path) as f:
-    data = json.load(f)
-data.get("context", {}).pop("host_name", None)
-with open(path, "w") as f:
-    json.dump(data, f, indent=2)
-    f.write("\n")
-EOF
+strip_host_name "$json"
 
 fields='Model name|Socket\(s\)|Core\(s\) per socket|Thread\(s\) per core|L3 cache'
 lscpu_summary="$(lscpu | grep -E "^($fields):" |

@@ -24,11 +24,8 @@ export DROPIT_BENCH_THREADS="${DROPIT_BENCH_THREADS:-$cores}"
 # layers) needs; sleeping threads cost neither side anything measurable.
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 
-model="$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
-label="$(printf '%s' "${model:-cpu}" | tr '[:upper:]' '[:lower:]' |
-  sed -E 's/\((r|tm)\)//g; s/@.*$//; s/ (cpu|processor)( |$)/ /g' |
-  sed -E 's/[^a-z0-9]+/-/g; s/^-+//; s/-+$//')"
-label="$label-${cores}c"
+. "$here/../machine.sh"
+label="$(machine_label)"
 json="$results/torch-$label.json"
 mkdir -p "$results"
 
@@ -40,16 +37,7 @@ mkdir -p "$results"
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
   --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-2}" "$@"
 
-python3 - "$json" <<'PY'
-import json, sys
-path = sys.argv[1]
-with open(path) as f:
-    data = json.load(f)
-data.get("context", {}).pop("host_name", None)
-with open(path, "w") as f:
-    json.dump(data, f, indent=2)
-    f.write("\n")
-PY
+strip_host_name "$json"
 
 python3 "$here/report.py" "$json" --label "$label" --output "$results/torch.md"
 echo "wrote $json and $results/torch.md"
