@@ -215,7 +215,7 @@ RunResult train(const Options& o, const Variant& variant, const fmnist::Classifi
                 const fmnist::Dataset& data, CsvWriter& csv) {
   torch::manual_seed(o.seed);
   std::shared_ptr<fmnist::Classifier> model = fmnist::make_model(o.model);
-  fmnist::copy_state(const_cast<fmnist::Classifier&>(reference), *model);
+  fmnist::copy_state(reference, *model);
   model->train();
   if (variant.dropit) {
     const auto options =

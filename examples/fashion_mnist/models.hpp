@@ -213,7 +213,7 @@ inline std::shared_ptr<Classifier> make_model(const ModelConfig& c) {
 
 /// Copies parameters and buffers of `from` into `to` (same architecture), so every variant of a run
 /// starts from the same weights.
-inline void copy_state(torch::nn::Module& from, torch::nn::Module& to) {
+inline void copy_state(const torch::nn::Module& from, torch::nn::Module& to) {
   torch::NoGradGuard no_grad;
   const auto source_parameters = from.named_parameters();
   for (auto& item : to.named_parameters()) item.value().copy_(source_parameters[item.key()]);
