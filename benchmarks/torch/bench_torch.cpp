@@ -145,6 +145,10 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("batch", std::to_string(batch().images.size(0)));
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
   benchmark::AddCustomContext("omp_wait_policy", wait_policy ? wait_policy : "unset");
+  if (wait_policy == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
+    std::fprintf(stderr,
+                 "warning: OMP_WAIT_POLICY is unset; spinning OpenMP threads slow OpenBLAS (the "
+                 "ViT's dense step ran 2x slower). benchmarks/torch/run.sh sets it to passive.\n");
 #if defined(__VERSION__)
   benchmark::AddCustomContext("compiler", __VERSION__);
 #endif

@@ -407,13 +407,14 @@ void print_table(const std::vector<RunResult>& runs) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  fmnist::ensure_passive_openmp_wait(argv);
   Options o;
   bool demo = false, no_plot = false;
   CLI::App app{
       "Train a CNN or a ViT on Fashion-MNIST, dense and with dropit, from the same initial weights "
       "and data order; compare test accuracy, measured peak training memory and step time."};
   app.add_flag("--demo", demo,
-               "Short demo (about a minute on 2 cores): CNN, 2 epochs on 20000 training images, "
+               "Short demo (1-2 minutes on 2 cores): CNN, 2 epochs on 20000 training images, "
                "all 10000 test images, dense vs dropit gamma 0.9 (explicit flags still apply)");
   app.add_option("--model", o.model.kind, "Model")
       ->check(CLI::IsMember({"cnn", "vit"}))
