@@ -93,12 +93,6 @@ struct RunResult {
   double step_ms_median = 0;
 };
 
-dropit::selection_kind selection_of(const std::string& name) {
-  if (name == "random") return dropit::selection_kind::random;
-  if (name == "min_k") return dropit::selection_kind::min_k;
-  return dropit::selection_kind::chunked_min_k;
-}
-
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
   const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
@@ -222,10 +216,8 @@ RunResult train(const Options& o, const Variant& variant, const fmnist::Classifi
         dropit::torch::ConvertOptions()
             .dropit(dropit::torch::DropitOptions()
                         .gamma(variant.gamma)
-                        .selection(selection_of(variant.selection))
-                        .granularity(variant.granularity == "channel"
-                                         ? dropit::torch::granularity_kind::channel
-                                         : dropit::torch::granularity_kind::element)
+                        .selection(dropit::torch::selection_from_name(variant.selection))
+                        .granularity(dropit::torch::granularity_from_name(variant.granularity))
                         .chunk_size(o.chunk_size)
                         .seed(o.seed))
             .relu(o.relu_mask);

@@ -42,9 +42,15 @@ inline at::Tensor from_optional_argument(const at::Tensor& tensor) {
   return tensor.numel() > 0 ? tensor : at::Tensor();
 }
 
-/// LibTorch 2.3 made `Allocator::copy_data` pure virtual; older versions do not have it.
+/// LibTorch 2.3 made `Allocator::copy_data` pure virtual (older versions do not have it) and
+/// `Allocator::allocate` non-const.
 #define DROPIT_TORCH_ALLOCATOR_COPY_DATA \
   (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3))
+#if DROPIT_TORCH_ALLOCATOR_COPY_DATA
+#define DROPIT_TORCH_ALLOCATE_CONST
+#else
+#define DROPIT_TORCH_ALLOCATE_CONST const
+#endif
 
 #if DROPIT_TORCH_HAS_CUDA
 struct cuda_memory {

@@ -24,7 +24,7 @@ class counting_allocator final : public c10::Allocator {
                            "the CPU allocator to count has no raw deleter");
   }
 
-  c10::DataPtr allocate(std::size_t bytes) const override {
+  c10::DataPtr allocate(std::size_t bytes) DROPIT_TORCH_ALLOCATE_CONST override {
     c10::DataPtr inner = base_->allocate(bytes + header_bytes);
     const c10::Device device = inner.device();
     dropit::detail::expect(inner.get() == inner.get_context(),

@@ -7,12 +7,30 @@
 
 #include <cstdint>
 #include <ostream>
+#include <string_view>
 
 #include "functions.hpp"
 
 namespace dropit::torch {
 
 enum class granularity_kind : std::uint8_t { element, channel };
+
+/// The selection named "chunked_min_k", "min_k" or "random" (the names the Python package and the
+/// examples take on their command lines).
+inline selection_kind selection_from_name(std::string_view name) {
+  if (name == "chunked_min_k") return selection_kind::chunked_min_k;
+  if (name == "min_k") return selection_kind::min_k;
+  if (name == "random") return selection_kind::random;
+  dropit::detail::fail("unknown selection policy '", name,
+                       "'; expected 'chunked_min_k', 'min_k' or 'random'");
+}
+
+/// The granularity named "element" or "channel".
+inline granularity_kind granularity_from_name(std::string_view name) {
+  if (name == "element") return granularity_kind::element;
+  if (name == "channel") return granularity_kind::channel;
+  dropit::detail::fail("unknown granularity '", name, "'; expected 'element' or 'channel'");
+}
 
 /// TORCH_MODULE names `torch::nn` unqualified, which inside dropit::torch means this namespace.
 #define DROPIT_TORCH_MODULE(Name)                              \
