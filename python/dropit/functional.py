@@ -1,0 +1,132 @@
+"""dropit's operations as functions on tensors.
+
+``linear``, ``conv2d`` and ``relu`` are autograd functions of the C++ library (recorded by torch's
+autograd like its own operations): linear and conv2d save a compact cache of their input for the
+weight gradient, relu saves a 1-bit mask instead of its output. Without gradients (``torch.no_grad``,
+or a weight that needs none) they are torch's own dense operations. ``compress`` and ``densify``
+expose the cache itself.
+"""
+
+from typing import Optional, Sequence, Union
+
+import torch
+import torch.nn.functional as F
+
+from . import _C
+from ._compat import autocast_dtype
+from ._policy import Policy
+
+__all__ = ["Cache", "compress", "conv2d", "densify", "linear", "relu"]
+
+
+def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
+    """``dropit_policy``, or a Policy made of ``fields`` (gamma=, policy=, ...)."""
+    if dropit_policy is not None:
+        if fields:
+            raise TypeError(f"pass either dropit_policy= or the policy fields {sorted(fields)}, "
+                            "not both")
+        return dropit_policy
+    return Policy(**fields)
+
+
+def _autocast(tensors, device_type: str):
+    """Casts the floating-point tensors as autocast would before a linear or conv2d."""
+    dtype = autocast_dtype(device_type)
+    if dtype is None:
+        return tensors
+    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
+
+
+def _caches(weight: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and weight.requires_grad
+
+
+def _linear(input, weight, bias, spec):
+    """The layer's path: `spec` is the C++ policy of this forward call."""
+    input, weight, bias = _autocast([input, weight, bias], input.device.type)
+    # A drop-in layer accepts any strides; the cache is built from a contiguous copy when needed.
+    return _C.linear(input.contiguous(), weight, bias, spec)
+
+
+def _conv2d(input, weight, bias, stride, padding, dilation, groups, spec):
+    input, weight, bias = _autocast([input, weight, bias], input.device.type)
+    return _C.conv2d(input.contiguous(), weight, bias, list(stride), list(padding), list(dilation),
+                     int(groups), spec)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           dropit_policy: Optional[Policy] = None, **policy_fields) -> torch.Tensor:
+    """``torch.nn.functional.linear`` whose weight gradient comes from a compact cache of
+    ``input``. The policy is ``dropit_policy``, or a :class:`Policy` made of ``policy_fields``
+    (gamma=0.9, policy="chunked_min_k", ...)."""
+    chosen = _policy_of(dropit_policy, policy_fields)
+    if not _caches(weight):
+        return F.linear(input, weight, bias)
+    return _linear(input, weight, bias, chosen.spec(channel_axis=-1, call=0))
+
+
+def _pair(value, name) -> tuple:
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(value)
+    if len(value) != 2:
+        raise ValueError(f"conv2d {name} = {value} must be an int or a pair")
+    return value
+
+
+def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
+           dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
+           dropit_policy: Optional[Policy] = None, **policy_fields) -> torch.Tensor:
+    """``torch.nn.functional.conv2d`` (zero padding given as numbers) whose weight gradient
+    comes from a compact cache of ``input``."""
+    chosen = _policy_of(dropit_policy, policy_fields)
+    if isinstance(padding, str):
+        raise ValueError(f"dropit.functional.conv2d takes numeric padding, not '{padding}'; "
+                         "dropit.nn.Conv2d accepts 'same' and 'valid'")
+    stride, padding, dilation = _pair(stride, "stride"), _pair(padding, "padding"), _pair(
+        dilation, "dilation")
+    if not _caches(weight):
+        return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
+    return _conv2d(input, weight, bias, stride, padding, dilation, groups,
+                   chosen.spec(channel_axis=1, call=0))
+
+
+def relu(input: torch.Tensor) -> torch.Tensor:
+    """ReLU that saves a 1-bit mask for backward instead of its output."""
+    if torch.is_grad_enabled() and input.requires_grad:
+        return _C.relu(input)
+    return F.relu(input)
+
+
+class Cache:
+    """A compact cache: the kept values, their encoded positions, and the layout that reads them."""
+
+    def __init__(self, values: torch.Tensor, positions: torch.Tensor, layout: Sequence[int]):
+        self.values, self.positions, self.layout = values, positions, list(layout)
+        info = _C.describe(self.layout)
+        self.shape = torch.Size(info["shape"])
+        self.encoding = info["encoding"]
+        self.kept = info["kept"]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cache's tensors."""
+        return self.values.nbytes + self.positions.nbytes
+
+    def __repr__(self):
+        return (f"dropit.functional.Cache(shape={tuple(self.shape)}, dtype={self.values.dtype}, "
+                f"kept={self.kept}, encoding={self.encoding}, nbytes={self.nbytes})")
+
+
+def compress(input: torch.Tensor, dropit_policy: Optional[Policy] = None, *, channel_axis: int = 1,
+             call: int = 0, **policy_fields) -> Cache:
+    """The cache a dropit layer would save of ``input`` (``channel_axis`` matters for channel
+    granularity: 1 for NCHW activations, -1 for a linear layer's input)."""
+    spec = _policy_of(dropit_policy, policy_fields).spec(channel_axis=channel_axis, call=call)
+    return Cache(*_C.compress(input, spec))
+
+
+def densify(cache: Cache) -> torch.Tensor:
+    """The dense tensor ``cache`` stands for: kept values in place, zeros elsewhere."""
+    return _C.densify(cache.values, cache.positions, cache.layout)

@@ -1,0 +1,200 @@
+"""dropit.nn and dropit.functional against torch's own layers and autograd.
+
+At gamma = 0 every output and gradient must equal torch's; at gamma > 0 the forward output, the
+input gradient and the bias gradient stay exact, and the weight gradient must equal the dense
+formula applied to densify(cache) of the layer's input, the cache rebuilt independently here with
+dropit.functional.compress under the same policy.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import dropit
+
+POLICIES = [
+    dict(policy="chunked_min_k", chunk_size=256),
+    dict(policy="min_k"),
+    dict(policy="min_k", granularity="channel"),
+    dict(policy="random", chunk_size=128, seed=7),
+    dict(policy="random", chunk_size=128, seed=7, rescale=True),
+]
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+
+
+def tolerance(dtype, scale):
+    return {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}[dtype] * max(scale, 1)
+
+
+def assert_close(actual, expected, dtype=torch.float32):
+    scale = expected.abs().max().item() if expected.numel() else 1.0
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=0,
+                               atol=tolerance(dtype, scale))
+
+
+def make_pair(dense: nn.Module, **policy):
+    """A dropit layer sharing ``dense``'s parameters, and an independent dense copy of it."""
+    reference = type(dense).__new__(type(dense))
+    reference.__dict__.update(dense.__dict__)
+    reference._parameters = {k: nn.Parameter(v.detach().clone()) if v is not None else None
+                             for k, v in dense._parameters.items()}
+    layer = {nn.Linear: dropit.nn.Linear, nn.Conv2d: dropit.nn.Conv2d}[type(dense)].from_dense(
+        dense, **policy)
+    return layer, reference
+
+
+def run(module, x, dy):
+    x = x.detach().clone().requires_grad_(True)
+    y = module(x)
+    y.backward(dy)
+    return y.detach(), x.grad
+
+
+@pytest.mark.parametrize("dtype,_", DTYPES)
+@pytest.mark.parametrize("bias", [True, False])
+def test_linear_gamma_zero_equals_torch(dtype, _, bias):
+    dense = nn.Linear(48, 40, bias=bias).to(dtype)
+    layer, reference = make_pair(dense, gamma=0.0)
+    x = torch.randn(3, 5, 48, dtype=dtype)
+    dy = torch.randn(3, 5, 40, dtype=dtype)
+    y, dx = run(layer, x, dy)
+    y_ref, dx_ref = run(reference, x, dy)
+    assert_close(y, y_ref, dtype)
+    assert_close(dx, dx_ref, dtype)
+    assert_close(layer.weight.grad, reference.weight.grad, dtype)
+    if bias:
+        assert_close(layer.bias.grad, reference.bias.grad, dtype)
+
+
+CONVS = [
+    dict(in_channels=4, out_channels=6, kernel_size=3, padding=1),
+    dict(in_channels=4, out_channels=6, kernel_size=3, stride=2, padding=2, dilation=2,
+         bias=False),
+    dict(in_channels=6, out_channels=4, kernel_size=(3, 1), groups=2, padding=(1, 0)),
+    dict(in_channels=4, out_channels=4, kernel_size=1),
+    dict(in_channels=4, out_channels=6, kernel_size=3, padding="same"),
+    dict(in_channels=4, out_channels=6, kernel_size=4, padding="same"),  # asymmetric 'same'
+    dict(in_channels=4, out_channels=6, kernel_size=3, padding="valid"),
+    dict(in_channels=4, out_channels=6, kernel_size=3, padding=1, padding_mode="reflect"),
+    dict(in_channels=4, out_channels=6, kernel_size=3, padding=1, padding_mode="circular"),
+]
+
+
+@pytest.mark.parametrize("dtype,_", DTYPES)
+@pytest.mark.parametrize("options", CONVS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_conv2d_gamma_zero_equals_torch(dtype, _, options):
+    dense = nn.Conv2d(**options).to(dtype)
+    layer, reference = make_pair(dense, gamma=0.0)
+    x = torch.randn(2, options["in_channels"], 9, 11, dtype=dtype)
+    dy = torch.randn_like(reference(x))
+    y, dx = run(layer, x, dy)
+    y_ref, dx_ref = run(reference, x, dy)
+    assert_close(y, y_ref, dtype)
+    assert_close(dx, dx_ref, dtype)
+    assert_close(layer.weight.grad, reference.weight.grad, dtype)
+    if layer.bias is not None:
+        assert_close(layer.bias.grad, reference.bias.grad, dtype)
+
+
+@pytest.mark.parametrize("dtype,_", DTYPES)
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: ",".join(map(str, p.values())))
+def test_linear_weight_grad_is_dense_formula_on_densified_cache(dtype, _, policy):
+    x = torch.randn(6, 7, 32, dtype=dtype)
+    weight = torch.randn(24, 32, dtype=dtype, requires_grad=True)
+    bias = torch.randn(24, dtype=dtype, requires_grad=True)
+    dy = torch.randn(6, 7, 24, dtype=dtype)
+    xg = x.clone().requires_grad_(True)
+    y = dropit.functional.linear(xg, weight, bias, gamma=0.8, **policy)
+    y.backward(dy)
+
+    assert_close(y, F.linear(x, weight, bias), dtype)
+    assert_close(xg.grad, dy @ weight.detach(), dtype)
+    assert_close(bias.grad, dy.sum((0, 1)), dtype)
+    cache = dropit.functional.compress(x, gamma=0.8, channel_axis=-1, **policy)
+    kept = dropit.functional.densify(cache).float()
+    assert (kept != 0).sum() <= cache.kept
+    expected = dy.reshape(-1, 24).float().t() @ kept.reshape(-1, 32)
+    assert_close(weight.grad, expected.to(dtype), dtype)
+    # Something was dropped, so the gradient differs from the dense one.
+    assert not torch.allclose(weight.grad.float(), dy.reshape(-1, 24).float().t()
+                              @ x.reshape(-1, 32).float(), atol=1e-3)
+
+
+@pytest.mark.parametrize("policy", POLICIES, ids=lambda p: ",".join(map(str, p.values())))
+def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy):
+    x = torch.randn(2, 6, 10, 9)
+    weight = torch.randn(8, 3, 3, 3, requires_grad=True)
+    bias = torch.randn(8, requires_grad=True)
+    conv = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    xg = x.clone().requires_grad_(True)
+    y = dropit.functional.conv2d(xg, weight, bias, gamma=0.7, **conv, **policy)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+
+    x_ref = x.clone().requires_grad_(True)
+    w_ref = weight.detach().clone().requires_grad_(True)
+    y_ref = F.conv2d(x_ref, w_ref, bias.detach(), **conv)
+    y_ref.backward(dy)
+    assert_close(y, y_ref)
+    assert_close(xg.grad, x_ref.grad)
+    assert_close(bias.grad, dy.sum((0, 2, 3)))
+
+    kept = dropit.functional.densify(dropit.functional.compress(x, gamma=0.7, channel_axis=1,
+                                                                **policy))
+    # The dense formula: torch's own weight gradient of a convolution whose input is `kept`.
+    kept = kept.clone().requires_grad_(False)
+    w_formula = weight.detach().clone().requires_grad_(True)
+    F.conv2d(kept, w_formula, None, **conv).backward(dy)
+    assert_close(weight.grad, w_formula.grad)
+    assert not torch.allclose(weight.grad, w_ref.grad, atol=1e-3)
+
+
+def test_relu_equals_torch_and_saves_a_mask():
+    x = torch.randn(4, 33, 7)
+    x[0, 0, :3] = 0.0  # ReLU's gradient at 0 is 0 in torch
+    dy = torch.randn_like(x)
+    y, dx = run(dropit.nn.ReLU(), x, dy)
+    y_ref, dx_ref = run(nn.ReLU(), x, dy)
+    assert torch.equal(y, y_ref)
+    assert torch.equal(dx, dx_ref)
+
+
+def test_eval_and_no_grad_run_the_dense_forward():
+    layer = dropit.nn.Linear(16, 8, gamma=0.9)
+    x = torch.randn(5, 16, requires_grad=True)
+    with torch.no_grad():
+        assert layer(x).grad_fn is None
+    layer.eval()
+    y = layer(x)
+    assert "LinearFunction" not in y.grad_fn.name()
+    layer.train()
+    assert layer(x).grad_fn.name().endswith("dropit::torch::LinearFunction>")
+
+
+def test_random_selection_draws_afresh_each_call():
+    layer = dropit.nn.Linear(64, 4, bias=False, policy="random", chunk_size=64, gamma=0.5)
+    x = torch.randn(8, 64)
+    grads = []
+    for _ in range(2):
+        layer.weight.grad = None
+        layer(x).sum().backward()
+        grads.append(layer.weight.grad.clone())
+    assert not torch.equal(grads[0], grads[1])
+
+
+def test_non_contiguous_input_is_accepted_by_the_layers():
+    layer = dropit.nn.Linear(12, 5, gamma=0.0)
+    x = torch.randn(12, 6).t()  # non-contiguous view
+    assert not x.is_contiguous()
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+
+
+def test_layers_keep_torch_state_dicts():
+    dense = nn.Conv2d(3, 5, 3, padding=1)
+    layer = dropit.nn.Conv2d(3, 5, 3, padding=1)
+    assert layer.state_dict().keys() == dense.state_dict().keys()
+    layer.load_state_dict(dense.state_dict())
+    assert torch.equal(layer.weight, dense.weight)
+    assert isinstance(layer, nn.Conv2d) and isinstance(dropit.nn.Linear(2, 3), nn.Linear)
