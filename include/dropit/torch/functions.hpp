@@ -13,26 +13,31 @@ namespace dropit::torch {
 
 namespace detail {
 
-inline void save_cache(::torch::autograd::AutogradContext* ctx, const saved_cache& cache) {
-  ctx->saved_data["cache_values"] = cache.values;
-  ctx->saved_data["cache_positions"] = cache.positions;
-  ctx->saved_data["cache_layout"] = cache.packed_layout();
+/// Saves the weight and, when there is one, the cache through save_for_backward, its layout as an
+/// int64 tensor: saved-tensor hooks (checkpointing, offloading to the CPU) then see all of it, and a
+/// forward recomputed by checkpointing replaces values, positions and layout together.
+inline void save_weight_and_cache(::torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                                  const saved_cache* cache) {
+  if (cache == nullptr) {
+    ctx->save_for_backward({weight});
+    return;
+  }
+  const std::vector<std::int64_t> layout = cache->packed_layout();
+  ctx->save_for_backward({weight, cache->values, cache->positions,
+                          at::tensor(layout, at::TensorOptions().dtype(at::kLong))});
 }
 
-inline saved_cache load_cache(::torch::autograd::AutogradContext* ctx) {
+/// The cache `save_weight_and_cache` saved (`saved` holds the weight first).
+inline saved_cache load_cache(const ::torch::autograd::variable_list& saved) {
+  dropit::detail::expect(saved.size() == 4, "this layer saved no cache of its input (its weight "
+                         "did not require a gradient in forward)");
   saved_cache cache;
-  cache.values = ctx->saved_data["cache_values"].toTensor();
-  cache.positions = ctx->saved_data["cache_positions"].toTensor();
-  cache.layout = saved_cache::unpack_layout(ctx->saved_data["cache_layout"].toIntVector());
+  cache.values = saved[1];
+  cache.positions = saved[2];
+  const at::Tensor& layout = saved[3];
+  cache.layout = saved_cache::unpack_layout(std::vector<std::int64_t>(
+      layout.data_ptr<std::int64_t>(), layout.data_ptr<std::int64_t>() + layout.numel()));
   return cache;
-}
-
-/// Sums `dz` over every axis but `keep` (the bias gradient).
-inline at::Tensor sum_except(const at::Tensor& dz, std::int64_t keep) {
-  std::vector<std::int64_t> axes;
-  for (std::int64_t a = 0; a < dz.dim(); ++a)
-    if (a != keep) axes.push_back(a);
-  return dz.sum(axes);
 }
 
 }  // namespace detail
@@ -48,23 +53,23 @@ struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
     dropit::detail::expect(input.dim() >= 1 && input.size(-1) == weight.size(1),
                            "linear input of shape ", shape_of(input), " does not end in ",
                            weight.size(1), " features");
-    ctx->save_for_backward({weight});
     ctx->saved_data["has_bias"] = bias.defined();
-    if (weight.requires_grad()) detail::save_cache(ctx, compress(input, spec));
+    const saved_cache cache = weight.requires_grad() ? compress(input, spec) : saved_cache{};
+    detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::linear(input, weight, bias);
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& weight = saved[0];
     const at::Tensor dz = grads[0].contiguous();
+    // A 1-D input is a single row: dZ [N_out] is then its own bias gradient.
+    const at::Tensor dz_rows = dz.reshape({-1, dz.size(-1)});
     at::Tensor d_input, d_weight, d_bias;
     if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
-    if (ctx->needs_input_grad(1)) {
-      d_weight = linear_weight_grad(detail::load_cache(ctx), dz.reshape({-1, dz.size(-1)}));
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
-      d_bias = detail::sum_except(dz, dz.dim() - 1);
+    if (ctx->needs_input_grad(1)) d_weight = linear_weight_grad(detail::load_cache(saved), dz_rows);
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
     return {d_input, d_weight, d_bias, at::Tensor()};
   }
 };
@@ -81,14 +86,14 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     dropit::detail::expect(input.size(1) == weight.size(1) * params.groups, "conv2d input has ",
                            input.size(1), " channels; the weight expects ",
                            weight.size(1) * params.groups);
-    ctx->save_for_backward({weight});
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = input.sizes().vec();
     ctx->saved_data["stride"] = std::vector<std::int64_t>{params.stride[0], params.stride[1]};
     ctx->saved_data["padding"] = std::vector<std::int64_t>{params.padding[0], params.padding[1]};
     ctx->saved_data["dilation"] = std::vector<std::int64_t>{params.dilation[0], params.dilation[1]};
     ctx->saved_data["groups"] = params.groups;
-    if (weight.requires_grad()) detail::save_cache(ctx, compress(input, spec));
+    const saved_cache cache = weight.requires_grad() ? compress(input, spec) : saved_cache{};
+    detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::conv2d(input, weight, bias, {params.stride[0], params.stride[1]},
                       {params.padding[0], params.padding[1]},
                       {params.dilation[0], params.dilation[1]}, params.groups);
@@ -96,7 +101,8 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    const at::Tensor weight = ctx->get_saved_variables()[0];
+    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& weight = saved[0];
     const at::Tensor dz = grads[0].contiguous();
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
     const auto stride = ctx->saved_data["stride"].toIntVector();
@@ -122,7 +128,7 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
         params.dilation[i] = dilation[i];
       }
       params.groups = groups;
-      d_weight = conv2d_weight_grad(detail::load_cache(ctx), dz, weight.sizes(), params);
+      d_weight = conv2d_weight_grad(detail::load_cache(saved), dz, weight.sizes(), params);
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
       d_bias = dz.sum({0, 2, 3});
@@ -142,14 +148,14 @@ struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
       pack_relu_mask<T>(backend, const_view<T>(output, "ReLU output"),
                         static_cast<std::uint32_t*>(mask.data_ptr()));
     });
-    ctx->saved_data["mask"] = mask;
+    ctx->save_for_backward({mask});
     return output;
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     const at::Tensor dy = grads[0].contiguous();
-    const at::Tensor mask = ctx->saved_data["mask"].toTensor();
+    const at::Tensor mask = ctx->get_saved_variables()[0];
     at::Tensor dx = at::empty_like(dy);
     visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
       using T = decltype(tag);
