@@ -42,8 +42,9 @@ setup(
             name="dropit._C",
             sources=["src/dropit_ext.cpp"],
             include_dirs=[include_dir],
-            # C++20 for the library; OpenMP for its CPU backend (results do not depend on it).
-            extra_compile_args=["-std=c++20", "-O3", "-fopenmp"],
+            # C++20 for the library; OpenMP for its CPU backend (results do not depend on it);
+            # hidden visibility, as pybind11 expects of the types it binds.
+            extra_compile_args=["-std=c++20", "-O3", "-fopenmp", "-fvisibility=hidden"],
             extra_link_args=["-fopenmp"],
         )
     ],

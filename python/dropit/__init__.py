@@ -11,6 +11,10 @@ library (the LibTorch adapters in include/dropit/torch), bound as the extension 
 Bad arguments raise ``ValueError`` with the library's message, which names the value.
 """
 
+# torch first: it loads the libtorch that the extension links against (the extension carries no
+# search path of its own, and another libtorch on the system search path must not win).
+import torch  # noqa: F401
+
 from . import _C  # noqa: F401  (the compiled operations; fails loudly if the build is missing)
 from . import functional, memory, nn
 from ._policy import Policy

@@ -25,9 +25,9 @@ class LayerReport:
     name: str
     kind: str
     reason: str = ""  # why it was left as it was; empty when converted
-    input_shape: Optional[tuple] = None  # from ``example_input``
-    cache_bytes: Optional[int] = None  # exact bytes of the cache dropit will save for that input
-    dense_bytes: Optional[int] = None  # bytes of that input, which the dense layer saves
+    input_shape: Optional[tuple] = None  # of the tensor cached, from ``example_input``
+    cache_bytes: Optional[int] = None  # exact bytes of the cache dropit will save of it
+    dense_bytes: Optional[int] = None  # bytes of that tensor, which the dense layer saves
 
 
 @dataclass
@@ -56,7 +56,9 @@ class _Converter:
         self.report = ConvertReport()
         self.seen_first = False
         self.layers = 0
-        self.replaced = {}  # id(original) -> replacement, for modules held in several places
+        # id(module) -> what stands at its place now (a replacement, or itself when it was left), so
+        # that a module held in several places gets one decision.
+        self.decided = {}
         self.visited = set()
 
     def visit(self, parent: nn.Module, prefix: str):
@@ -67,15 +69,15 @@ class _Converter:
             if child is None:
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
-            if id(child) in self.replaced:
-                parent._modules[name] = self.replaced[id(child)]
+            if id(child) in self.decided:
+                parent._modules[name] = self.decided[id(child)]
                 continue
             replacement = self.replacement_for(parent, child, qualified)
+            self.decided[id(child)] = replacement if replacement is not None else child
             if replacement is None:
                 self.visit(child, qualified)
-                continue
-            self.replaced[id(child)] = replacement
-            parent._modules[name] = replacement
+            else:
+                parent._modules[name] = replacement
 
     def skip(self, name: str, kind: str, reason: str):
         self.report.skipped.append(LayerReport(name, kind, reason))
@@ -128,10 +130,12 @@ def _measure_inputs(model: nn.Module, example_input, report: ConvertReport):
 
         def record(module, args, layer=layer):
             x = args[0]
+            if isinstance(module, dnn.Conv2d):
+                x = module._padded(x if x.dim() == 4 else x.unsqueeze(0))[0]  # what it caches
             if layer.input_shape is None:
                 layer.input_shape = tuple(x.shape)
                 spec = module.dropit_policy.spec(channel_axis=module._channel_axis, call=0)
-                layer.cache_bytes = _C.planned_bytes(spec, list(x.shape), x.dtype)
+                layer.cache_bytes = _C.planned_bytes(spec, x)
                 layer.dense_bytes = x.numel() * x.element_size()
 
         hooks.append(module.register_forward_pre_hook(record))

@@ -55,14 +55,16 @@ def _conv2d(input, weight, bias, stride, padding, dilation, groups, spec):
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-           dropit_policy: Optional[Policy] = None, **policy_fields) -> torch.Tensor:
+           dropit_policy: Optional[Policy] = None, *, call: int = 0,
+           **policy_fields) -> torch.Tensor:
     """``torch.nn.functional.linear`` whose weight gradient comes from a compact cache of
     ``input``. The policy is ``dropit_policy``, or a :class:`Policy` made of ``policy_fields``
-    (gamma=0.9, policy="chunked_min_k", ...)."""
+    (gamma=0.9, policy="chunked_min_k", ...). Random selection draws its positions from
+    (seed, ``call``): pass a new ``call`` each step (dropit.nn layers count their calls)."""
     chosen = _policy_of(dropit_policy, policy_fields)
     if not _caches(weight):
         return F.linear(input, weight, bias)
-    return _linear(input, weight, bias, chosen.spec(channel_axis=-1, call=0))
+    return _linear(input, weight, bias, chosen.spec(channel_axis=-1, call=call))
 
 
 def _pair(value, name) -> tuple:
@@ -77,9 +79,10 @@ def _pair(value, name) -> tuple:
 def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
            stride: Union[int, Sequence[int]] = 1, padding: Union[int, Sequence[int]] = 0,
            dilation: Union[int, Sequence[int]] = 1, groups: int = 1,
-           dropit_policy: Optional[Policy] = None, **policy_fields) -> torch.Tensor:
+           dropit_policy: Optional[Policy] = None, *, call: int = 0,
+           **policy_fields) -> torch.Tensor:
     """``torch.nn.functional.conv2d`` (zero padding given as numbers) whose weight gradient
-    comes from a compact cache of ``input``."""
+    comes from a compact cache of ``input``; ``call`` as in :func:`linear`."""
     chosen = _policy_of(dropit_policy, policy_fields)
     if isinstance(padding, str):
         raise ValueError(f"dropit.functional.conv2d takes numeric padding, not '{padding}'; "
@@ -89,14 +92,20 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     if not _caches(weight):
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
     return _conv2d(input, weight, bias, stride, padding, dilation, groups,
-                   chosen.spec(channel_axis=1, call=0))
+                   chosen.spec(channel_axis=1, call=call))
+
+
+_MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def relu(input: torch.Tensor) -> torch.Tensor:
-    """ReLU that saves a 1-bit mask for backward instead of its output."""
-    if torch.is_grad_enabled() and input.requires_grad:
-        return _C.relu(input)
-    return F.relu(input)
+    """ReLU that saves a 1-bit mask for backward instead of its output. Inputs the library does
+    not take (other dtypes, devices other than the CPU) get torch's own ReLU."""
+    if not (torch.is_grad_enabled() and input.requires_grad):
+        return F.relu(input)
+    if input.dtype not in _MASKED_DTYPES or input.device.type != "cpu":
+        return F.relu(input)
+    return _C.relu(input.contiguous())
 
 
 class Cache:
@@ -112,7 +121,7 @@ class Cache:
     @property
     def nbytes(self) -> int:
         """Bytes held by the cache's tensors."""
-        return self.values.nbytes + self.positions.nbytes
+        return sum(t.numel() * t.element_size() for t in (self.values, self.positions))
 
     def __repr__(self):
         return (f"dropit.functional.Cache(shape={tuple(self.shape)}, dtype={self.values.dtype}, "

@@ -61,28 +61,46 @@ class Measurement:
 
 
 class measure:
-    """Context manager measuring the peak bytes allocated on ``device`` during its block."""
+    """Context manager measuring the peak bytes allocated on ``device`` during its block. Blocks
+    may nest: an inner measurement resets the allocator's peak, so the outer ones fold in what they
+    had seen first."""
+
+    _open = []  # measurements in progress, outermost first
 
     def __init__(self, device: Union[str, torch.device] = "cpu"):
         self.result = Measurement(_device(device))
+        self._peak_seen = 0  # absolute peak seen before an inner measurement reset the counter
 
-    def __enter__(self) -> Measurement:
+    def _absolute_peak(self) -> int:
+        device = self.result.device
+        if device.type == "cpu":
+            return _cpu().peak()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device)
+
+    def _reset_peak(self):
         device = self.result.device
         if device.type == "cpu":
             _cpu().reset_peak()
         else:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
-        self.result.start_bytes = live_bytes(device)
+
+    def __enter__(self) -> Measurement:
+        for outer in measure._open:
+            if outer.result.device == self.result.device:
+                outer._peak_seen = max(outer._peak_seen, outer._absolute_peak())
+        self._reset_peak()
+        self.result.start_bytes = live_bytes(self.result.device)
+        measure._open.append(self)
         return self.result
 
     def __exit__(self, *exc):
-        device = self.result.device
-        if device.type == "cpu":
-            peak = _cpu().peak()
-        else:
-            torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device)
-        self.result.end_bytes = live_bytes(device)
+        measure._open.remove(self)
+        peak = max(self._peak_seen, self._absolute_peak())
+        self.result.end_bytes = live_bytes(self.result.device)
         self.result.peak_bytes = peak - self.result.start_bytes
+        for outer in measure._open:
+            if outer.result.device == self.result.device:
+                outer._peak_seen = max(outer._peak_seen, peak)
         return False

@@ -30,7 +30,13 @@ class _CachingLayer:
         self._dropit_calls = 0
 
     def _caches(self) -> bool:
-        return self.training and torch.is_grad_enabled() and self.weight.requires_grad
+        if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad):
+            return False
+        if torch.jit.is_tracing():
+            raise RuntimeError(f"{type(self).__name__}: a dropit layer in training mode cannot be "
+                               "traced (the trace would record the dense operation); trace the "
+                               "model in eval mode")
+        return True
 
     def _next_spec(self):
         # Random selection draws afresh on every call, as the C++ layers do.
@@ -42,9 +48,10 @@ class _CachingLayer:
     def from_dense(cls, dense: nn.Module, dropit_policy: Optional[Policy] = None, **fields):
         """A dropit layer that shares ``dense``'s parameters, buffers, hooks and mode."""
         layer = cls.__new__(cls)
-        layer.__dict__.update(dense.__dict__)
-        for registry in ("_parameters", "_buffers", "_modules"):
-            layer.__dict__[registry] = copy.copy(dense.__dict__[registry])
+        # Registries and hooks are copied, their entries shared: a hook added to one of the two
+        # modules later does not fire on the other.
+        layer.__dict__.update({name: copy.copy(value) if isinstance(value, dict) else value
+                               for name, value in dense.__dict__.items()})
         layer._init_dropit(dropit_policy, fields)
         return layer
 
@@ -94,13 +101,20 @@ class Conv2d(_CachingLayer, nn.Conv2d):
         mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
         return (mode, (left, right, top, bottom)), (0, 0)
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._caches():
-            return self._conv_forward(input, self.weight, self.bias)
+    def _padded(self, input: torch.Tensor):
+        """(the input the layer caches, the zero padding its convolution adds)."""
         pre_pad, padding = self._explicit_padding()
         if pre_pad is not None:
             mode, pads = pre_pad
             input = F.pad(input, pads, mode=mode)
+        return input, padding
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._caches():
+            return self._conv_forward(input, self.weight, self.bias)
+        if input.dim() == 3:  # unbatched [C, H, W], as torch accepts
+            return self.forward(input.unsqueeze(0)).squeeze(0)
+        input, padding = self._padded(input)
         return functional._conv2d(input, self.weight, self.bias, self.stride, padding,
                                   self.dilation, self.groups, self._next_spec())
 

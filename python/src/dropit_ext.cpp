@@ -149,14 +149,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def(
       "planned_bytes",
-      [](const dropit::policy_spec& spec, const std::vector<std::int64_t>& shape,
-         at::ScalarType dtype) {
-        return dropit::plan_cache(spec, dropit::shape(shape),
-                                  dt::element_type_of_dtype(dtype, "planned cache"))
+      [](const dropit::policy_spec& spec, const at::Tensor& input) {
+        return dropit::plan_cache(spec, dt::shape_of(input),
+                                  dt::element_type_of_dtype(input.scalar_type(), "planned cache"))
             .bytes();
       },
-      py::arg("spec"), py::arg("shape"), py::arg("dtype"),
-      "Exact bytes of the cache a tensor of `shape` and `dtype` would get under `spec`.");
+      py::arg("spec"), py::arg("input"),
+      "Exact bytes of the cache `input` (its shape and dtype) would get under `spec`.");
 
   // The counting CPU allocator of the C++ side (installed as torch's CPU allocator on first use);
   // CUDA memory is read from torch's caching allocator in Python.

@@ -3,12 +3,14 @@ attributes, Sequential, ModuleList, ModuleDict and shared modules."""
 
 import copy
 import io
+import math
 
 import pytest
 import torch
 from torch import nn
 
 import dropit
+from cache_sizes import chunked_min_k_bytes
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
 
@@ -39,7 +41,9 @@ def test_convert_keeps_eval_outputs_state_dict_and_reports_every_layer(make, sha
     assert candidates <= reported, candidates - reported
     for layer in report.converted:
         if layer.kind in ("Linear", "Conv2d"):
-            assert layer.cache_bytes is not None and 0 < layer.cache_bytes < layer.dense_bytes
+            numel = math.prod(layer.input_shape)
+            assert layer.dense_bytes == 4 * numel
+            assert layer.cache_bytes == chunked_min_k_bytes(numel, 0.9, 16384, 4), layer.name
     converted = {layer.name for layer in report.converted}
     assert any(isinstance(m, (dropit.nn.Linear, dropit.nn.Conv2d))
                for m in model.modules())
@@ -128,3 +132,39 @@ def test_convert_shares_parameters_and_saves_whole_models():
     assert loaded[2].dropit_policy == model[2].dropit_policy
     x = torch.randn(3, 6)
     torch.testing.assert_close(loaded(x), model(x))
+
+
+def test_a_module_held_twice_gets_one_decision():
+    class Aliased(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = nn.Linear(4, 4)
+            self.c = self.a  # the excluded layer again, under another name
+
+        def forward(self, x):
+            return self.c(self.b(self.a(x)))
+
+    model = Aliased()
+    report = dropit.convert(model, skip_first=False, exclude=[r"^a$"])
+    assert model.a is model.c and type(model.a) is nn.Linear
+    assert isinstance(model.b, dropit.nn.Linear)
+    assert [layer.name for layer in report.converted] == ["b"]
+
+
+def test_report_sizes_the_tensor_a_padded_conv_caches():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"),
+                          nn.Conv2d(4, 4, 4, padding="same"))
+    model[0] = nn.Identity()  # only the convolutions matter here
+    report = dropit.convert(model, skip_first=False, gamma=0.5, chunk_size=64,
+                            example_input=torch.randn(2, 3, 8, 8))
+    sizes = {layer.name: layer for layer in report.converted}
+    assert sizes["1"].input_shape == (2, 3, 10, 10)  # reflect-padded by one on each side
+    assert sizes["2"].input_shape == (2, 4, 11, 11)  # 'same' for an even kernel pads 1 + 2
+    for layer in sizes.values():
+        assert layer.cache_bytes == chunked_min_k_bytes(math.prod(layer.input_shape), 0.5, 64, 4)
+    # ... and that is what the layers really cache.
+    x = torch.randn(2, 3, 8, 8)
+    padded, _ = model[1]._padded(x)
+    cache = dropit.functional.compress(padded, gamma=0.5, chunk_size=64)
+    assert cache.nbytes - sizes["1"].cache_bytes in range(0, 4)  # positions padded to 32 bits

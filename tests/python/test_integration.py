@@ -2,6 +2,9 @@
 
 import copy
 import io
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -72,3 +75,46 @@ def test_save_and_load_whole_model_and_state_dict():
     fresh = mlp()
     fresh.load_state_dict(saved["state"])
     torch.testing.assert_close(fresh(x), model(x))
+
+
+def test_checkpoint_frees_the_caches_too():
+    """Non-reentrant checkpointing drops what a region saves and recomputes it in backward; the
+    dropit caches must be dropped with the rest (they travel through save_for_backward)."""
+    def wide():
+        torch.manual_seed(0)
+        return nn.Sequential(*[m for _ in range(4) for m in (nn.Linear(512, 512), nn.ReLU())])
+
+    x = torch.randn(256, 512, requires_grad=True)
+    held = {}
+    for name in ("dense", "dropit"):
+        model = wide()
+        if name == "dropit":
+            dropit.convert(model, gamma=0.9, skip_first=False)
+        for checkpointed in (False, True):
+            with dropit.memory.measure("cpu") as m:
+                y = checkpoint(model, x, use_reentrant=False) if checkpointed else model(x)
+            held[name, checkpointed] = m.retained_bytes - y.numel() * y.element_size()
+            y.sum().backward()
+            del y
+    assert held["dropit", False] < 0.5 * held["dense", False]
+    # With checkpointing both keep only the region's input and bookkeeping.
+    assert held["dropit", True] <= held["dense", True] + 4096
+    assert held["dropit", True] < 0.2 * held["dropit", False]
+
+
+def test_memory_measurements_nest():
+    with dropit.memory.measure("cpu") as outer:
+        big = torch.empty(1 << 20)  # 4 MiB
+        del big
+        with dropit.memory.measure("cpu") as inner:
+            small = torch.empty(1 << 10)
+        del small
+    assert 4 << 20 <= outer.peak_bytes < (4 << 20) + (64 << 10)
+    assert 4 << 10 <= inner.peak_bytes < 64 << 10
+
+
+def test_import_dropit_alone():
+    """`import dropit` in a fresh interpreter, torch not imported first."""
+    result = subprocess.run([sys.executable, "-c", "import dropit; print(dropit.__version__)"],
+                            capture_output=True, text=True, env=dict(os.environ))
+    assert result.returncode == 0, result.stderr

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dropit
+from cache_sizes import relu_mask_bytes
 
 POLICIES = [
     dict(policy="chunked_min_k", chunk_size=256),
@@ -21,7 +22,7 @@ POLICIES = [
     dict(policy="random", chunk_size=128, seed=7, rescale=True),
 ]
 
-DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 def tolerance(dtype, scale):
@@ -52,15 +53,25 @@ def run(module, x, dy):
     return y.detach(), x.grad
 
 
-@pytest.mark.parametrize("dtype,_", DTYPES)
+def reference_or_skip(reference, x, dy):
+    """Torch's own result, or a skip when this torch cannot run the layer in this dtype (1.13:
+    no float16 matmul and no bfloat16 reflection padding on the CPU)."""
+    try:
+        return run(reference, x, dy)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch {torch.__version__} itself cannot run this: {e}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 5, 48), (7, 48), (48,)], ids=["3d", "2d", "1d"])
 @pytest.mark.parametrize("bias", [True, False])
-def test_linear_gamma_zero_equals_torch(dtype, _, bias):
+def test_linear_gamma_zero_equals_torch(dtype, shape, bias):
     dense = nn.Linear(48, 40, bias=bias).to(dtype)
     layer, reference = make_pair(dense, gamma=0.0)
-    x = torch.randn(3, 5, 48, dtype=dtype)
-    dy = torch.randn(3, 5, 40, dtype=dtype)
+    x = torch.randn(shape, dtype=dtype)
+    dy = torch.randn(shape[:-1] + (40,), dtype=dtype)
+    y_ref, dx_ref = reference_or_skip(reference, x, dy)
     y, dx = run(layer, x, dy)
-    y_ref, dx_ref = run(reference, x, dy)
     assert_close(y, y_ref, dtype)
     assert_close(dx, dx_ref, dtype)
     assert_close(layer.weight.grad, reference.weight.grad, dtype)
@@ -82,15 +93,18 @@ CONVS = [
 ]
 
 
-@pytest.mark.parametrize("dtype,_", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("options", CONVS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
-def test_conv2d_gamma_zero_equals_torch(dtype, _, options):
+def test_conv2d_gamma_zero_equals_torch(dtype, options):
     dense = nn.Conv2d(**options).to(dtype)
     layer, reference = make_pair(dense, gamma=0.0)
     x = torch.randn(2, options["in_channels"], 9, 11, dtype=dtype)
-    dy = torch.randn_like(reference(x))
-    y, dx = run(layer, x, dy)
+    try:
+        dy = torch.randn_like(reference(x))
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch {torch.__version__} itself cannot run this layer: {e}")
     y_ref, dx_ref = run(reference, x, dy)
+    y, dx = run(layer, x, dy)
     assert_close(y, y_ref, dtype)
     assert_close(dx, dx_ref, dtype)
     assert_close(layer.weight.grad, reference.weight.grad, dtype)
@@ -98,18 +112,22 @@ def test_conv2d_gamma_zero_equals_torch(dtype, _, options):
         assert_close(layer.bias.grad, reference.bias.grad, dtype)
 
 
-@pytest.mark.parametrize("dtype,_", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: ",".join(map(str, p.values())))
-def test_linear_weight_grad_is_dense_formula_on_densified_cache(dtype, _, policy):
+def test_linear_weight_grad_is_dense_formula_on_densified_cache(dtype, policy):
     x = torch.randn(6, 7, 32, dtype=dtype)
     weight = torch.randn(24, 32, dtype=dtype, requires_grad=True)
     bias = torch.randn(24, dtype=dtype, requires_grad=True)
     dy = torch.randn(6, 7, 24, dtype=dtype)
+    try:
+        expected_y = F.linear(x, weight, bias)
+    except (RuntimeError, NotImplementedError) as e:
+        pytest.skip(f"torch {torch.__version__} itself cannot run this: {e}")
     xg = x.clone().requires_grad_(True)
     y = dropit.functional.linear(xg, weight, bias, gamma=0.8, **policy)
     y.backward(dy)
 
-    assert_close(y, F.linear(x, weight, bias), dtype)
+    assert_close(y, expected_y, dtype)
     assert_close(xg.grad, dy @ weight.detach(), dtype)
     assert_close(bias.grad, dy.sum((0, 1)), dtype)
     cache = dropit.functional.compress(x, gamma=0.8, channel_axis=-1, **policy)
@@ -151,14 +169,86 @@ def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy):
     assert not torch.allclose(weight.grad, w_ref.grad, atol=1e-3)
 
 
-def test_relu_equals_torch_and_saves_a_mask():
-    x = torch.randn(4, 33, 7)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_relu_equals_torch(dtype, contiguous):
+    x = torch.randn(4, 33, 7, dtype=dtype)
     x[0, 0, :3] = 0.0  # ReLU's gradient at 0 is 0 in torch
+    if not contiguous:
+        x = x.transpose(0, 2)
     dy = torch.randn_like(x)
     y, dx = run(dropit.nn.ReLU(), x, dy)
     y_ref, dx_ref = run(nn.ReLU(), x, dy)
     assert torch.equal(y, y_ref)
     assert torch.equal(dx, dx_ref)
+
+
+def test_relu_saves_one_bit_per_element():
+    x = torch.randn(64, 1024, requires_grad=True)
+    with dropit.memory.measure("cpu") as dense:
+        y = nn.ReLU()(x.clone())
+    del y
+    with dropit.memory.measure("cpu") as masked:
+        y = dropit.nn.ReLU()(x.clone())
+    output_bytes = x.numel() * 4
+    # Both keep the output alive here; dense also holds it for backward (no extra bytes), dropit
+    # holds a mask of one bit per element on top (the clone is freed in both).
+    assert masked.retained_bytes - dense.retained_bytes == relu_mask_bytes(x.numel())
+    assert dense.retained_bytes == output_bytes
+
+
+@pytest.mark.parametrize("padding,mode", [("same", "zeros"), (1, "reflect"), (2, "circular")])
+def test_padded_conv_weight_grad_is_dense_formula_on_the_padded_cache(padding, mode):
+    layer = dropit.nn.Conv2d(3, 5, 4, padding=padding, padding_mode=mode, gamma=0.7,
+                             chunk_size=64)
+    x = torch.randn(2, 3, 10, 9)
+    y = layer(x)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    padded, conv_padding = layer._padded(x)
+    kept = dropit.functional.densify(dropit.functional.compress(padded, gamma=0.7, chunk_size=64))
+    w = layer.weight.detach().clone().requires_grad_(True)
+    F.conv2d(kept, w, None, layer.stride, conv_padding, layer.dilation, layer.groups).backward(dy)
+    assert_close(layer.weight.grad, w.grad)
+
+
+def test_unbatched_conv_input_like_torch():
+    layer = dropit.nn.Conv2d(3, 4, 3, padding=1, gamma=0.0)
+    x = torch.randn(3, 6, 6, requires_grad=True)
+    y = layer(x)
+    assert y.shape == (4, 6, 6)
+    torch.testing.assert_close(y, F.conv2d(x.unsqueeze(0), layer.weight, layer.bias,
+                                           padding=1).squeeze(0))
+
+
+def test_functional_random_draws_per_call():
+    x = torch.randn(16, 64)
+    grads = []
+    for call in (0, 0, 1):
+        w = torch.randn(4, 64, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
+        dropit.functional.linear(x, w, policy="random", chunk_size=64, gamma=0.5,
+                                 call=call).sum().backward()
+        grads.append(w.grad)
+    assert torch.equal(grads[0], grads[1]) and not torch.equal(grads[0], grads[2])
+
+
+def test_training_mode_tracing_is_refused_clearly():
+    layer = dropit.nn.Linear(4, 3)
+    with pytest.raises(RuntimeError, match="cannot be traced"):
+        torch.jit.trace(layer, torch.randn(2, 4, requires_grad=True), check_trace=False)
+    layer.eval()
+    traced = torch.jit.trace(layer, torch.randn(2, 4))
+    x = torch.randn(2, 4)
+    torch.testing.assert_close(traced(x), layer(x))
+
+
+def test_from_dense_hooks_added_later_stay_with_their_module():
+    dense = nn.Linear(3, 3)
+    layer = dropit.nn.Linear.from_dense(dense)
+    calls = []
+    layer.register_forward_hook(lambda *args: calls.append("dropit"))
+    dense(torch.randn(1, 3))
+    assert calls == []
 
 
 def test_eval_and_no_grad_run_the_dense_forward():
