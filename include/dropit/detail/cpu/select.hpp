@@ -38,12 +38,25 @@ struct radix_histogram {
   }
 };
 
-/// The cut that keeps exactly `k` of `keys[0, n)`, given their `histogram`. `scratch` holds
-/// `select_scratch_keys(n)` keys.
+/// Candidates up to which a plain partial sort of a copy beats the histogram: clearing and scanning
+/// its 2 x 2048 bins costs as much as ordering a few hundred keys, so small chunks skip it.
+inline constexpr std::int64_t small_select = 512;
+
+/// The cut that keeps exactly `k` of `keys[0, n)`. `scratch` holds `select_scratch_keys(n)` keys.
 inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std::int64_t k,
-                                  const radix_histogram& histogram, std::uint32_t* scratch) {
+                                  std::uint32_t* scratch) {
   if (k <= 0) return {0xffffffffu, 0};
   if (k >= n) return {0, n};  // every key is >= 0: keep all
+  if (n <= small_select) {
+    std::copy_n(keys, n, scratch);
+    std::nth_element(scratch, scratch + (k - 1), scratch + n, std::greater<std::uint32_t>());
+    const std::uint32_t cut = scratch[k - 1];
+    std::int64_t strictly_above = 0;  // scratch[0, k-1) holds every key above the cut
+    for (std::int64_t j = 0; j < k - 1; ++j) strictly_above += scratch[j] > cut;
+    return {cut, k - strictly_above};
+  }
+  // Counted in a pass of its own: the key loops of the callers vectorise, the counting cannot.
+  const radix_histogram histogram(keys, n);
 
   std::int64_t above = 0;  // keys in bins above the one holding the k-th largest
   std::size_t bin = radix_histogram::bins - 1;
