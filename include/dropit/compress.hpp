@@ -24,9 +24,9 @@ template <class T, class U>
 void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tensor,
                           const char* what) {
   expect_layout<T>(layout);
+  expect_data(tensor, what);
   expect(tensor.shape == layout.shape, what, " has shape ", tensor.shape,
          " but the cache layout expects ", layout.shape);
-  expect_data(tensor, what);
 }
 
 }  // namespace detail

@@ -200,10 +200,10 @@ void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_ide
 template <storage_type T>
 void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx) {
-  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
-                 dx.shape);
   detail::expect_data(dy, "ReLU dy");
   detail::expect_data(dx, "ReLU dx");
+  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
+                 dx.shape);
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
   detail::cuda::expect_device_view(dy, "ReLU dy");

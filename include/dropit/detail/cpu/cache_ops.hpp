@@ -4,6 +4,7 @@
 // at offsets computable from the layout, so chunks run in parallel with no coordination.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdint>
 #include <numeric>
@@ -107,9 +108,11 @@ void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chu
 }
 
 /// Calls `visit(flat_position, value_index)` for every kept element of `chunk`, ascending.
-/// `scratch` is `element_scratch_keys` keys (used only by seeded caches).
+/// `scratch` is `element_scratch_keys` keys (used only by seeded caches). Stored positions come
+/// from the caller's buffers, so they are checked before they are used: false (and nothing visited
+/// from there on) where they do not encode exactly the chunk's kept count inside the chunk.
 template <class T, class Visit>
-void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
+bool for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
                             Visit&& visit) {
   const cache_layout& layout = cache.layout;
   const std::int64_t begin = layout.chunk_begin(chunk);
@@ -120,18 +123,25 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
     case position_encoding::bitmask: {
       const auto* words =
           static_cast<const std::uint32_t*>(cache.positions) + layout.mask_word_begin(chunk);
+      const std::int64_t word_count = (length + 31) / 32;
+      std::int64_t set = 0;
+      for (std::int64_t w = 0; w < word_count; ++w) set += std::popcount(words[w]);
+      if (set != kept || (length % 32 != 0 && words[word_count - 1] >> (length % 32) != 0))
+        return false;
       std::int64_t value = first_value;
-      for (std::int64_t w = 0; w < (length + 31) / 32; ++w)
+      for (std::int64_t w = 0; w < word_count; ++w)
         for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
           visit(begin + w * 32 + std::countr_zero(bits), value++);
       break;
     }
     case position_encoding::offsets:
-      for (std::int64_t j = 0; j < kept; ++j) {
+      for (std::int64_t j = 0, previous = -1; j < kept; ++j) {
         const std::int64_t offset =
             layout.offset_bytes == 2
                 ? static_cast<const std::uint16_t*>(cache.positions)[first_value + j]
                 : static_cast<const std::uint32_t*>(cache.positions)[first_value + j];
+        if (offset <= previous || offset >= length) return false;
+        previous = offset;
         visit(begin + offset, first_value + j);
       }
       break;
@@ -142,6 +152,7 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
       for_each_selected(scratch, length, cut, [&](std::int64_t i) { visit(begin + i, value++); });
     }
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -200,8 +211,14 @@ template <class T>
 const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<T>& cache,
                                    double* scores, std::uint32_t* order,
                                    std::uint32_t* regenerated) {
-  if (cache.layout.encoding == position_encoding::channel_list)
-    return static_cast<const std::uint32_t*>(cache.positions);
+  if (cache.layout.encoding == position_encoding::channel_list) {
+    const auto* list = static_cast<const std::uint32_t*>(cache.positions);
+    for (std::int64_t j = 0; j < cache.layout.kept_channels; ++j)
+      expect(list[j] < cache.layout.channels && (j == 0 || list[j] > list[j - 1]),
+             "cache channel list entry ", j, " is channel ", list[j], "; expected ascending "
+             "channels below ", cache.layout.channels);
+    return list;
+  }
   select_channels<std::remove_const_t<T>>(backend, cache.layout, nullptr, scores, order,
                                           regenerated);
   return regenerated;
@@ -266,9 +283,18 @@ void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
     });
     return;
   }
+  // Exceptions cannot leave a parallel region: a bad chunk is recorded and reported after it.
+  std::atomic<std::int64_t> bad_chunk{-1};
   for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
-    for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread, visit);
+    if (!for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread,
+                                visit))
+      bad_chunk.store(chunk, std::memory_order_relaxed);
   });
+  const std::int64_t bad = bad_chunk.load();
+  expect(bad < 0, "cache positions of chunk ", bad, " do not match the layout: expected ",
+         layout.kept_in_chunk(std::max<std::int64_t>(bad, 0)), " ascending ",
+         name_of(layout.encoding), " positions below the chunk length ",
+         layout.chunk_length(std::max<std::int64_t>(bad, 0)));
 }
 
 template <storage_type T>
