@@ -124,14 +124,15 @@ bool for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
       const auto* words =
           static_cast<const std::uint32_t*>(cache.positions) + layout.mask_word_begin(chunk);
       const std::int64_t word_count = (length + 31) / 32;
-      std::int64_t set = 0;
-      for (std::int64_t w = 0; w < word_count; ++w) set += std::popcount(words[w]);
-      if (set != kept || (length % 32 != 0 && words[word_count - 1] >> (length % 32) != 0))
-        return false;
+      if (length % 32 != 0 && words[word_count - 1] >> (length % 32) != 0) return false;
+      const std::int64_t end_value = first_value + kept;
       std::int64_t value = first_value;
       for (std::int64_t w = 0; w < word_count; ++w)
-        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
+        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+          if (value == end_value) return false;
           visit(begin + w * 32 + std::countr_zero(bits), value++);
+        }
+      if (value != end_value) return false;
       break;
     }
     case position_encoding::offsets:
