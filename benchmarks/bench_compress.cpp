@@ -144,6 +144,17 @@ void register_compress_benchmarks() {
     register_baselines<float>(n);
     register_compress<float>({policy_kind::chunked_min_k, 0.9}, n);
   }
+  // Chunk-size sweep at 2^20 floats, compress and densify: small chunks must cost about what large
+  // ones do per element.
+  constexpr std::int64_t small_n = std::int64_t{1} << 20;
+  for (policy_kind kind : {policy_kind::random_element, policy_kind::chunked_min_k})
+    for (std::int64_t chunk : {std::int64_t{2}, std::int64_t{16}, std::int64_t{64},
+                               std::int64_t{128}, std::int64_t{256}, std::int64_t{1} << 14}) {
+      const policy_spec spec{kind, 0.5, chunk};
+      register_compress<float>(spec, small_n);
+      add(join({"densify", policy_name(spec), "f32", policy_params(spec), param("N", small_n)}),
+          [spec](benchmark::State& s) { densify_case<float>(s, spec, small_n); });
+    }
 }
 
 }  // namespace bench

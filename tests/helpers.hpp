@@ -271,14 +271,49 @@ struct tolerance {
 };
 
 template <class T>
-tolerance tolerance_for(bool rounded_inputs = false) {
+tolerance tolerance_for() {
   if constexpr (std::is_same_v<T, float>)
     return {};
   else if constexpr (std::is_same_v<T, half>)
-    // rounded_inputs: densify rounds rescaled values to half, the gradient uses them unrounded.
-    return {rounded_inputs ? 0x1p-10 : 1e-5, 0x1p-10, 0x1p-24};
+    return {1e-5, 0x1p-10, 0x1p-24};
   else
-    return {rounded_inputs ? 0x1p-7 : 1e-5, 0x1p-7, 1e-38};
+    return {1e-5, 0x1p-7, 1e-38};
+}
+
+template <class T>
+std::vector<float> as_float(const std::vector<T>& x) {
+  std::vector<float> out;
+  out.reserve(x.size());
+  for (const T& v : x) out.push_back(static_cast<float>(ref::value_of(v)));
+  return out;
+}
+
+// The operand of the weight gradients, as the contract defines it: densify(cache) before its
+// rounding to T, i.e. every kept value times n/k in float (rescaled random caches). The positions
+// come from densifying the same buffers without rescaling; the scale is computed here from the
+// chunk lengths and kept counts.
+template <class T>
+std::vector<float> gradient_operand(const dropit::cache<T>& c) {
+  dropit::cache_layout plain = c.layout();
+  plain.rescale = false;
+  const dropit::cache_view<const T> view{plain, c.view().values, c.view().positions};
+  std::vector<float> out = as_float(dropit::densify(dropit::cpu_backend{1}, view));
+  const dropit::cache_layout& l = c.layout();
+  if (!l.rescale) return out;
+  const auto n = static_cast<std::int64_t>(out.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    double scale;
+    if (l.channel_granularity) {
+      scale = static_cast<double>(l.channels) / static_cast<double>(l.kept_channels);
+    } else {
+      const std::int64_t begin = i / l.chunk_size * l.chunk_size;
+      const std::int64_t length = std::min(l.chunk_size, n - begin);
+      scale = static_cast<double>(length) /
+              static_cast<double>(length == l.chunk_size ? l.kept_per_chunk : l.kept_per_tail);
+    }
+    out[i] *= static_cast<float>(scale);
+  }
+  return out;
 }
 
 template <class T>

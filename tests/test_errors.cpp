@@ -1,7 +1,11 @@
 // Bad input: every case throws dropit::error whose message names the offending value.
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
+#include <string>
+#include <vector>
 
 #include "helpers.hpp"
 
@@ -253,4 +257,304 @@ TEST_CASE("null buffers") {
   CHECK_ERROR(conv2d_weight_grad<float>(serial, image.view(), {nullptr, dropit::shape{1, 2, 3, 3}},
                                         test::view_of(conv_dw, {2, 4, 3, 3}), conv2d_params{}),
               "dZ", "null");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table of bad inputs at the C++ entry points: one row per input, each must raise a
+// dropit::error naming the value.
+
+namespace {
+
+struct bad_input {
+  std::string what;
+  std::function<void()> call;
+  std::vector<std::string> named;  // what the message must contain
+};
+
+void check_table(const std::vector<bad_input>& table) {
+  for (const bad_input& row : table) {
+    CAPTURE(row.what);
+    const std::string message = test::error_message(row.call);
+    INFO("message: ", message);
+    CHECK_MESSAGE(message.rfind("dropit: ", 0) == 0, "expected a dropit::error");
+    for (const std::string& needle : row.named)
+      CHECK_MESSAGE(message.find(needle) != std::string::npos, "message should name '", needle, "'");
+  }
+}
+
+}  // namespace
+
+TEST_CASE("bad input table: the C++ core") {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::int64_t two31 = std::int64_t{1} << 31, two32 = std::int64_t{1} << 32,
+                     two40 = std::int64_t{1} << 40, two62 = std::int64_t{1} << 62;
+  // A linear input [6, 4] and its gradient operands dZ [6, 3], dW [3, 4].
+  const std::vector<float> a(6 * 4, 1.0f), dz(6 * 3, 1.0f);
+  std::vector<float> dw(3 * 4), big(64 * 64);
+  const auto c = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(a, {6, 4}));
+  // A conv2d input [2, 4, 5, 5] with dZ [2, 6, 3, 3] and dW [6, 4, 3, 3] (3x3, stride 1).
+  const std::vector<float> x(2 * 4 * 5 * 5, 1.0f), conv_dz(2 * 6 * 5 * 5, 1.0f);
+  std::vector<float> conv_dw(6 * 4 * 7 * 7);
+  const auto xc = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(x, {2, 4, 5, 5}));
+  const auto conv = [&](dropit::shape zs, dropit::shape ws, conv2d_params p = {}) {
+    conv2d_weight_grad<float>(serial, xc.view(), test::view_of(conv_dz, zs),
+                              test::view_of(conv_dw, ws), p);
+  };
+  const auto with = [](auto change) {
+    conv2d_params p;
+    change(p);
+    return p;
+  };
+  const auto linear = [&](dropit::tensor_view<const float> z, dropit::tensor_view<float> w) {
+    linear_weight_grad<float>(serial, c.view(), z, w);
+  };
+  // Expert compress into planned buffers with a workspace of `bytes`.
+  const cache_layout planned = plan_cache<float>(policy<random_selection>{{.gamma = 0.5}}, {6, 4});
+  std::vector<float> values(static_cast<std::size_t>(planned.kept()));
+  std::vector<std::byte> memory(compress_workspace_bytes<float>(serial, planned));
+  const auto compress_with = [&](const float* input, float* v, std::size_t bytes,
+                                 dropit::shape s = {6, 4}) {
+    compress<float>(serial, {input, s}, cache_view<float>{planned, v, nullptr},
+                    workspace(memory.data(), bytes));
+  };
+  dropit::shape rank9;
+  rank9.rank = 9;
+  dropit::shape negative;
+  negative.rank = 2;
+  negative.extents = {3, -4};
+
+  std::vector<bad_input> table{
+      // Drop rate and chunk size.
+      {"gamma NaN", [&] { plan_cache<float>(policy<chunked_min_k_selection>{{nan, 16}}, {8}); },
+       {"gamma = nan", "[0, 1)"}},
+      {"gamma negative", [&] { plan_cache<float>(policy<min_k_selection>{{-0.25}}, {8}); },
+       {"gamma = -0.25"}},
+      {"gamma 1", [&] { plan_cache<half>(policy<random_selection>{{.gamma = 1.0}}, {8}); },
+       {"gamma = 1"}},
+      {"chunk size 0", [&] { plan_cache<float>(policy<chunked_min_k_selection>{{0.5, 0}}, {8}); },
+       {"D = 0", "[1, 65536]"}},
+      {"chunk size 65537",
+       [&] { plan_cache<float>(policy<random_selection>{{.chunk_size = 65537}}, {8}); },
+       {"D = 65537"}},
+      // Shapes and element types that disagree between the cache, dZ and dW.
+      {"compress input of another shape",
+       [&] { compress_with(a.data(), values.data(), memory.size(), {4, 6}); }, {"[4, 6]", "[6, 4]"}},
+      {"densify output of another shape",
+       [&] { densify<float>(serial, c.view(), test::view_of(big, {5, 4}), {}); }, {"[5, 4]", "[6, 4]"}},
+      {"cache read as another element type",
+       [&] {
+         const cache_view<const half> as_half{c.layout(),
+                                              reinterpret_cast<const half*>(c.values().data()),
+                                              c.view().positions};
+         densify(serial, as_half);
+       },
+       {"float32", "float16"}},
+      {"dZ rows differ from the cache's", [&] { linear(test::view_of(dz, {5, 3}), test::view_of(dw, {3, 4})); },
+       {"[5, 3]", "6 rows"}},
+      {"dW of another shape", [&] { linear(test::view_of(dz, {6, 3}), test::view_of(big, {4, 3})); },
+       {"[4, 3]", "[3, 4]"}},
+      {"conv2d dZ of another shape", [&] { conv({2, 6, 4, 4}, {6, 4, 3, 3}); },
+       {"[2, 6, 4, 4]", "[2, 6, 3, 3]"}},
+      {"conv2d dW with the wrong input channels", [&] { conv({2, 6, 3, 3}, {6, 3, 3, 3}); },
+       {"[6, 3, 3, 3]", "C_in/groups = 4"}},
+      // Wrong rank.
+      {"conv2d input of rank 2",
+       [&] {
+         conv2d_weight_grad<float>(serial, c.view(), test::view_of(conv_dz, {2, 6, 3, 3}),
+                                   test::view_of(conv_dw, {6, 4, 3, 3}), conv2d_params{});
+       },
+       {"[N, C_in, H, W]", "[6, 4]"}},
+      {"conv2d dZ of rank 3", [&] { conv({2, 6, 9}, {6, 4, 3, 3}); }, {"[2, 6, 9]"}},
+      {"linear dZ of rank 0", [&] { linear(test::view_of(dz, {}), test::view_of(dw, {3, 4})); },
+       {"dZ", "rank >= 1"}},
+      // Convolution parameters.
+      {"zero stride", [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([](auto& p) { p.stride[1] = 0; })); },
+       {"stride 0"}},
+      {"groups not dividing the channels",
+       [&] { conv({2, 6, 3, 3}, {6, 1, 3, 3}, with([](auto& p) { p.groups = 3; })); },
+       {"groups 3", "input channels 4"}},
+      {"output size <= 0", [&] { conv({2, 6, 1, 1}, {6, 4, 7, 7}); }, {"output height", "kernel 7"}},
+      {"padding whose doubling overflows",
+       [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.padding[0] = two62; })); },
+       {"padding", "overflows", std::to_string(two62)}},
+      {"dilation whose reach overflows",
+       [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.dilation[1] = two62; })); },
+       {"dilated kernel width", "overflows", std::to_string(two62)}},
+      // Null and short buffers.
+      {"null compress input", [&] { compress_with(nullptr, values.data(), memory.size()); },
+       {"compress input", "null", "24 elements"}},
+      {"null cache values", [&] { compress_with(a.data(), nullptr, memory.size()); },
+       {"values", "null", std::to_string(planned.kept())}},
+      {"null dZ", [&] { linear({nullptr, {6, 3}}, test::view_of(dw, {3, 4})); },
+       {"dZ", "null", "18 elements"}},
+      {"null dW", [&] { linear(test::view_of(dz, {6, 3}), {nullptr, {3, 4}}); },
+       {"dW", "null", "12 elements"}},
+      {"short compress workspace", [&] { compress_with(a.data(), values.data(), memory.size() - 1); },
+       {"compress", std::to_string(memory.size() - 1), std::to_string(memory.size())}},
+      {"short linear workspace",
+       [&] {
+         linear_weight_grad<float>(serial, c.view(), test::view_of(dz, {6, 3}),
+                                   test::view_of(dw, {3, 4}), grad_mode::overwrite,
+                                   workspace(memory.data(), 1));
+       },
+       {"linear_weight_grad", "workspace of 1 bytes"}},
+      // Element counts that overflow, and shapes built by hand.
+      {"2^32 x 2^32 elements", [&] { dropit::shape({two32, two32}); },
+       {"[4294967296, 4294967296]", "overflows"}},
+      {"2^40 x 2^40 plan",
+       [&] { plan_cache<float>(policy<chunked_min_k_selection>{}, dropit::shape{two40, two40}); },
+       {"[1099511627776, 1099511627776]", "overflows"}},
+      {"2^31 x 2^31 x 2^31 shape", [&] { dropit::shape({two31, two31, two31}); },
+       {"[2147483648, 2147483648]", "more than the 1152921504606846975 elements"}},
+      {"2^63 elements", [&] { dropit::shape({2, two62}); }, {"[2, 4611686018427387904]", "overflows"}},
+      {"conv2d dZ with 2^62 output channels", [&] { conv({2, two62, 3, 3}, {6, 4, 3, 3}); },
+       {std::to_string(two62)}},
+      {"dW of 2^40 x 2^40", [&] { linear(test::view_of(dz, {6, 3}), {dw.data(), {two40, two40}}); },
+       {"overflows"}},
+      {"conv2d workspace that overflows",
+       [&] {
+         const auto layout = plan_cache<float>(policy<chunked_min_k_selection>{}, {1, 1, two40, 1});
+         conv2d_weight_grad_workspace_bytes<float>(serial, layout, {1, 1, 1, 1}, {1, 1, two40, 1},
+                                                   conv2d_params{});
+       },
+       {"workspace size overflows"}},
+      {"view of rank 9", [&] { densify<float>(serial, c.view(), {big.data(), rank9}, {}); },
+       {"densify output rank 9", "[0, 8]"}},
+      {"view with a negative extent", [&] { linear({dz.data(), negative}, test::view_of(dw, {3, 4})); },
+       {"dZ extent -4", "dimension 1"}},
+  };
+#if defined(__SANITIZE_ADDRESS__)
+  MESSAGE("skipped under AddressSanitizer, which aborts on allocations it cannot serve: a "
+          "planned cache too large to allocate");
+#else
+  table.push_back({"a planned cache too large to allocate",
+                   [&] {
+                     dropit::cache<float>(plan_cache<float>(policy<random_selection>{{.gamma = 0.5}},
+                                                            {two40, 1024}));
+                   },
+                   {"cannot allocate cache values", std::to_string(two40 * 512)}});
+#endif
+  check_table(table);
+}
+
+TEST_CASE("bad input table: cache layouts built or changed by hand") {
+  // Valid caches of each encoding; each row changes one field of one of their layouts and reads
+  // the cache through it. Every reader validates the whole layout first.
+  const std::vector<float> x(4 * 6 * 5, 1.5f);
+  const auto chunked =
+      compress(serial, policy<chunked_min_k_selection>{{0.95, 16}}, test::view_of(x, {4, 6, 5}));
+  const auto channels = compress(serial, policy<min_k_selection, channel_granularity>{{0.5}, {1}},
+                                 test::view_of(x, {4, 6, 5}));
+  const auto seeded =
+      compress(serial, policy<random_selection>{{.gamma = 0.5, .chunk_size = 8}}, test::view_of(x, {120}));
+  REQUIRE(chunked.layout().encoding == position_encoding::offsets);
+  std::vector<float> out(x.size());
+  const auto read_with = [&](const dropit::cache<float>& c, auto change) {
+    cache_layout layout = c.layout();
+    change(layout);
+    densify(serial, cache_view<const float>{layout, c.view().values, c.view().positions});
+  };
+  check_table({
+      {"kept per chunk larger than the chunk",
+       [&] { read_with(chunked, [](cache_layout& l) { l.kept_per_chunk = 17; }); },
+       {"kept_per_chunk is 17", "has 1"}},
+      {"kept per tail changed", [&] { read_with(chunked, [](cache_layout& l) { l.kept_per_tail = 0; }); },
+       {"kept_per_tail is 0", "has 1"}},
+      {"unknown encoding",
+       [&] { read_with(chunked, [](cache_layout& l) { l.encoding = position_encoding{7}; }); },
+       {"encoding 7", "unknown"}},
+      {"unknown selection",
+       [&] { read_with(chunked, [](cache_layout& l) { l.selection = selection_kind{5}; }); },
+       {"selection 5", "unknown"}},
+      {"unknown element type",
+       [&] { read_with(chunked, [](cache_layout& l) { l.type = element_type{9}; }); },
+       {"element type 9", "unknown"}},
+      {"channel layout with a bitmask encoding",
+       [&] { read_with(channels, [](cache_layout& l) { l.encoding = position_encoding::bitmask; }); },
+       {"encoding is 0", "has 3"}},
+      {"more kept channels than channels",
+       [&] { read_with(channels, [](cache_layout& l) { l.kept_channels = 7; }); },
+       {"kept_channels is 7", "has 3"}},
+      {"offsets of 3 bytes", [&] { read_with(chunked, [](cache_layout& l) { l.offset_bytes = 3; }); },
+       {"offset_bytes is 3", "has 2"}},
+      {"channel axis beyond the rank",
+       [&] { read_with(channels, [](cache_layout& l) { l.channel_axis = 5; }); },
+       {"axis 5", "rank 3"}},
+      {"layout shape of rank 9", [&] { read_with(chunked, [](cache_layout& l) { l.shape.rank = 9; }); },
+       {"cache layout rank 9"}},
+      {"layout of another tensor (shape changed)",
+       [&] { read_with(chunked, [](cache_layout& l) { l.shape.extents[2] = 4; }); },
+       {"kept_per_tail"}},
+      {"chunk size 0 in a random layout",
+       [&] { read_with(seeded, [](cache_layout& l) { l.chunk_size = 0; }); }, {"D = 0"}},
+      {"gamma NaN in a layout",
+       [&] { read_with(seeded, [](cache_layout& l) { l.gamma = std::nan(""); }); }, {"gamma = nan"}},
+      {"min-k layout that rescales",
+       [&] { read_with(channels, [](cache_layout& l) { l.rescale = true; }); },
+       {"rescale is 1", "has 0"}},
+  });
+}
+
+TEST_CASE("bad input table: stored positions that do not match their layout") {
+  // Offsets (gamma 0.9: 2 per chunk), a bitmask (gamma 0.5) and a channel list over [4, 6, 5]: 7
+  // chunks of 16 and a tail of 8. Each row corrupts a copy of the stored positions; every reader
+  // refuses them.
+  const std::vector<float> x = test::smooth_values<float>(4 * 6 * 5, 5);
+  const auto offsets =
+      compress(serial, policy<chunked_min_k_selection>{{0.9, 16}}, test::view_of(x, {4, 6, 5}));
+  const auto bitmask =
+      compress(serial, policy<chunked_min_k_selection>{{0.5, 16}}, test::view_of(x, {4, 6, 5}));
+  const auto channels = compress(serial, policy<min_k_selection, channel_granularity>{{0.5}, {1}},
+                                 test::view_of(x, {4, 6, 5}));
+  REQUIRE(offsets.layout().encoding == position_encoding::offsets);
+  REQUIRE(bitmask.layout().encoding == position_encoding::bitmask);
+  std::vector<float> dz(4 * 6 * 2), dw(2 * 5);
+  const auto corrupt = [&](const dropit::cache<float>& c, auto change, bool gradient) {
+    std::vector<std::uint32_t> words((c.layout().position_bytes() + 3) / 4);
+    std::memcpy(words.data(), c.view().positions, c.layout().position_bytes());
+    change(words);
+    const cache_view<const float> view{c.layout(), c.view().values, words.data()};
+    if (gradient)
+      linear_weight_grad<float>(serial, view, test::view_of(dz, {24, 2}), test::view_of(dw, {2, 5}));
+    else
+      densify(serial, view);
+  };
+  const auto set_offset = [](std::size_t j, std::uint16_t value) {
+    return [=](std::vector<std::uint32_t>& w) {
+      std::memcpy(reinterpret_cast<unsigned char*>(w.data()) + 2 * j, &value, 2);
+    };
+  };
+  check_table({
+      {"offset beyond its chunk", [&] { corrupt(offsets, set_offset(0, 16), false); },
+       {"chunk 0", "below the chunk length 16"}},
+      {"offsets out of order",
+       [&] { corrupt(offsets, set_offset(1, 0), true); }, {"chunk 0", "ascending"}},
+      {"bitmask bit beyond the tail",
+       [&] { corrupt(bitmask, [](auto& w) { w[7] |= 1u << 9; }, false); },
+       {"chunk 7", "chunk length 8"}},
+      {"bitmask with a bit too few",
+       [&] { corrupt(bitmask, [](auto& w) { w[2] &= w[2] - 1; }, true); }, {"chunk 2", "expected 8"}},
+      {"channel list beyond the channels",
+       [&] { corrupt(channels, [](auto& w) { w[2] = 6; }, false); }, {"channel 6", "below 6"}},
+      {"channel list out of order",
+       [&] { corrupt(channels, [](auto& w) { std::swap(w[0], w[1]); }, true); }, {"ascending"}},
+  });
+}
+
+TEST_CASE_TEMPLATE("channel granularity over extents that multiply to zero keeps nothing", T, float,
+                   half, bfloat16) {
+  // [2, 3, 0]: no elements after the channel axis, so no buffer holds anything (they may be null).
+  for (const dropit::shape& s : {dropit::shape{2, 3, 0}, dropit::shape{0, 3, 2}}) {
+    CAPTURE(s);
+    const std::vector<T> none;
+    const auto min_k = compress(serial, policy<min_k_selection, channel_granularity>{{0.5}, {1}},
+                                tensor_view<const T>{none.data(), s});
+    const auto random =
+        compress(serial, policy<random_selection, channel_granularity>{{.gamma = 0.5}, {1}},
+                 tensor_view<const T>{none.data(), s});
+    CHECK(min_k.layout().kept() == 0);
+    CHECK(random.layout().kept() == 0);
+    CHECK(densify(serial, min_k).empty());
+    CHECK(densify(serial, random).empty());
+  }
 }

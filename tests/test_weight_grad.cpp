@@ -1,6 +1,7 @@
 // Weight gradients from a cache must equal the dense formula applied to densify(cache) (float
-// summation order aside), for every policy, several shapes and a grid of convolution parameters;
-// at gamma = 0 they must equal the dense gradient of the original input.
+// summation order aside; for rescaled random caches, to the kept values times n/k in float, before
+// densify's rounding to the element type), for every policy, several shapes and a grid of
+// convolution parameters; at gamma = 0 they must equal the dense gradient of the original input.
 
 #include <numeric>
 
@@ -53,8 +54,8 @@ void check_linear(const P& p, const linear_case& lc, std::uint64_t seed) {
   const auto a = test::smooth_values<T>(m * k, seed);
   const auto dz = test::smooth_values<T>(m * n, seed + 1);
   const auto c = compress(serial, p, test::view_of(a, test::shape_of(lc.a_dims)));
-  const auto want = ref::linear_dw(densify(serial, c), dz, m, k, n);
-  const auto tol = test::tolerance_for<T>(c.layout().rescale);
+  const auto want = ref::linear_dw(test::gradient_operand(c), test::as_float(dz), m, k, n);
+  const auto tol = test::tolerance_for<T>();
 
   std::vector<T> dw(static_cast<std::size_t>(n * k), test::make<T>(123.0));  // must be replaced
   linear_weight_grad<T>(serial, c.view(), test::view_of(dz, test::shape_of(dz_dims)),
@@ -122,8 +123,8 @@ void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
   const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
   const dropit::shape dz_shape{g.batch, g.out_channels, g.out_h(), g.out_w()};
   const auto c = compress(serial, p, test::view_of(x, x_shape));
-  const auto want = ref::conv2d_dw(densify(serial, c), dz, g);
-  const auto tol = test::tolerance_for<T>(c.layout().rescale);
+  const auto want = ref::conv2d_dw(test::gradient_operand(c), test::as_float(dz), g);
+  const auto tol = test::tolerance_for<T>();
 
   std::vector<T> dw(static_cast<std::size_t>(g.dw_numel()), test::make<T>(-7.0));
   conv2d_weight_grad<T>(serial, c.view(), test::view_of(dz, dz_shape),
@@ -286,5 +287,31 @@ TEST_CASE("conv2d dW: asymmetric parameters, depthwise multipliers, odd shapes")
         CAPTURE(name);
         check_conv<float>(p, cases[i], i * 100);
       });
+  }
+}
+
+TEST_CASE_TEMPLATE("rescaled random: gradients use n/k times the kept value, unrounded", T, float,
+                   half, bfloat16) {
+  // n/k = 10/3 has no short binary expansion: rounding the scaled values to a 16-bit type (as
+  // densify must) changes them by up to 2^-9 relative, far outside the summation tolerance. The
+  // contract: densify rounds the float product once; the gradients use it unrounded.
+  const std::int64_t m = 30, k = 7, n = 5;
+  const std::vector<T> a = test::smooth_values<T>(m * k, 3);
+  const std::vector<T> dz = test::smooth_values<T>(m * n, 4);
+  for (const bool channels : {false, true}) {
+    CAPTURE(channels);
+    const random_selection s{.gamma = 0.7, .seed = 2, .chunk_size = 10, .rescale = true};
+    const auto c = channels ? compress(serial, policy<random_selection, channel_granularity>{s, {-1}},
+                                       test::view_of(a, {m, k}))
+                            : compress(serial, policy<random_selection>{s}, test::view_of(a, {m, k}));
+    const std::vector<float> operand = test::gradient_operand(c);
+    const std::vector<T> dense = densify(serial, c);
+    for (std::size_t i = 0; i < a.size(); ++i)
+      CHECK(dropit::bits_of(dense[i]) == dropit::bits_of(dropit::from_float<T>(operand[i])));
+
+    std::vector<T> dw(static_cast<std::size_t>(n * k));
+    linear_weight_grad<T>(serial, c.view(), test::view_of(dz, {m, n}), test::view_of(dw, {n, k}));
+    CHECK_GRADIENT(dw, ref::linear_dw(operand, test::as_float(dz), m, k, n),
+                   test::tolerance_for<T>());
   }
 }

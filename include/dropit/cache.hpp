@@ -158,7 +158,7 @@ cache_layout plan_cache(const P& p, const shape& input_shape, element_type type)
   layout.type = type;
   layout.gamma = p.selection.gamma;
   detail::validate_gamma(layout.gamma);
-  const std::int64_t n = input_shape.numel();
+  const std::int64_t n = input_shape.validate("input");
 
   if constexpr (std::same_as<S, random_selection>) {
     layout.selection = selection_kind::random;
@@ -260,6 +260,59 @@ inline cache_layout plan_cache(const policy_spec& spec, const shape& input_shape
   return visit_policy(spec, [&](const auto& p) { return plan_cache(p, input_shape, type); });
 }
 
+namespace detail {
+
+/// Checks a layout whole, as every operation does where one crosses an API boundary (views built
+/// by hand, layouts unpacked from integers): its enumerations hold known values, its shape is
+/// valid, and every derived field is exactly what `plan_cache` gives for its own policy, shape and
+/// type. Counts, encodings and sizes that disagree would make readers index outside the buffers.
+inline void validate_layout(const cache_layout& layout) {
+  expect(static_cast<int>(layout.type) <= static_cast<int>(element_type::bfloat16),
+         "cache layout element type ", static_cast<int>(layout.type),
+         " is unknown; expected 0 (float32), 1 (float16) or 2 (bfloat16)");
+  expect(static_cast<int>(layout.selection) <= static_cast<int>(selection_kind::chunked_min_k),
+         "cache layout selection ", static_cast<int>(layout.selection),
+         " is unknown; expected 0 (random), 1 (min-k) or 2 (chunked min-k)");
+  expect(static_cast<int>(layout.encoding) <= static_cast<int>(position_encoding::channel_list),
+         "cache layout encoding ", static_cast<int>(layout.encoding),
+         " is unknown; expected 0 (bitmask), 1 (offsets), 2 (seeded) or 3 (channel_list)");
+  layout.shape.validate("cache layout");
+  const policy_spec spec{layout.selection,  layout.channel_granularity,
+                         layout.channel_axis, layout.gamma,
+                         layout.chunk_size, layout.seed,
+                         layout.rescale};
+  const cache_layout planned = plan_cache(spec, layout.shape, layout.type);
+  const auto expect_field = [&](const char* field, auto got, auto want) {
+    expect(got == want, "cache layout is inconsistent: ", field, " is ", +got, " but a ",
+           name_of(layout.encoding), " layout of shape ", layout.shape, " at gamma ", layout.gamma,
+           " has ", +want, " (plan layouts with plan_cache)");
+  };
+  expect_field("encoding", static_cast<int>(layout.encoding),
+               static_cast<int>(planned.encoding));
+  expect_field("seed", layout.seed, planned.seed);
+  expect_field("rescale", layout.rescale, planned.rescale);
+  expect_field("chunk_size", layout.chunk_size, planned.chunk_size);
+  expect_field("kept_per_chunk", layout.kept_per_chunk, planned.kept_per_chunk);
+  expect_field("kept_per_tail", layout.kept_per_tail, planned.kept_per_tail);
+  expect_field("offset_bytes", layout.offset_bytes, planned.offset_bytes);
+  expect_field("channel_axis", layout.channel_axis, planned.channel_axis);
+  expect_field("outer", layout.outer, planned.outer);
+  expect_field("channels", layout.channels, planned.channels);
+  expect_field("inner", layout.inner, planned.inner);
+  expect_field("kept_channels", layout.kept_channels, planned.kept_channels);
+}
+
+/// A valid layout (see `validate_layout`) of element type `T`.
+template <class T>
+void expect_layout(const cache_layout& layout) {
+  validate_layout(layout);
+  expect(layout.type == element_type_of<std::remove_const_t<T>>, "cache holds ",
+         name_of(layout.type), " values but was accessed as ",
+         name_of(element_type_of<std::remove_const_t<T>>));
+}
+
+}  // namespace detail
+
 /// Non-owning view of a cache: a layout and its two buffers. `positions` must be 4-byte aligned.
 template <class T>
 struct cache_view {
@@ -275,13 +328,11 @@ template <storage_type T>
 class cache {
  public:
   cache() = default;
-  explicit cache(const cache_layout& layout)
-      : layout_(layout),
-        values_(static_cast<std::size_t>(layout.kept())),
-        positions_((layout.position_bytes() + 3) / 4) {
-    detail::expect(layout.type == element_type_of<T>, "cache of element type ",
-                   name_of(element_type_of<T>), " cannot hold a layout of type ",
-                   name_of(layout.type));
+  explicit cache(const cache_layout& layout) : layout_(layout) {
+    detail::expect_layout<T>(layout);
+    values_ = detail::allocate<T>(static_cast<std::size_t>(layout.kept()), "cache values");
+    positions_ =
+        detail::allocate<std::uint32_t>((layout.position_bytes() + 3) / 4, "cache positions");
   }
 
   const cache_layout& layout() const { return layout_; }
@@ -302,9 +353,11 @@ class cache {
 
 namespace detail {
 
-/// Checks that a view's buffers exist where its layout says there is data.
+/// Checks a view's layout (see `validate_layout`) and that its buffers exist where its layout says
+/// there is data.
 template <class T>
 void expect_buffers(const cache_view<T>& view) {
+  expect_layout<T>(view.layout);
   expect(view.values != nullptr || view.layout.kept() == 0,
          "cache values buffer is null but the layout keeps ", view.layout.kept(), " values");
   expect(view.positions != nullptr || view.layout.position_bytes() == 0,
@@ -312,13 +365,6 @@ void expect_buffers(const cache_view<T>& view) {
          " bytes");
   expect(reinterpret_cast<std::uintptr_t>(view.positions) % 4 == 0,
          "cache positions buffer must be 4-byte aligned");
-}
-
-template <class T>
-void expect_type(const cache_layout& layout) {
-  expect(layout.type == element_type_of<std::remove_const_t<T>>, "cache holds ",
-         name_of(layout.type), " values but was accessed as ",
-         name_of(element_type_of<std::remove_const_t<T>>));
 }
 
 }  // namespace detail

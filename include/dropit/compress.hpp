@@ -23,10 +23,10 @@ namespace detail {
 template <class T, class U>
 void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tensor,
                           const char* what) {
-  expect_type<T>(layout);
+  expect_layout<T>(layout);
+  expect_data(tensor, what);
   expect(tensor.shape == layout.shape, what, " has shape ", tensor.shape,
          " but the cache layout expects ", layout.shape);
-  expect_data(tensor, what);
 }
 
 }  // namespace detail
@@ -34,7 +34,7 @@ void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tens
 /// Workspace bytes `compress` needs on `backend` for a cache of `layout`.
 template <storage_type T>
 std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
-  detail::expect_type<T>(layout);
+  detail::expect_layout<T>(layout);
   return detail::cpu::compress_workspace_bytes<T>(backend, layout);
 }
 
@@ -51,8 +51,8 @@ void compress(const cpu_backend& backend, tensor_view<const std::type_identity_t
 template <class U, policy_type P, storage_type T = std::remove_const_t<U>>
 cache<T> compress(const cpu_backend& backend, const P& p, tensor_view<U> input) {
   cache<T> result(plan_cache<T>(p, input.shape));
-  const std::size_t bytes = compress_workspace_bytes<T>(backend, result.layout());
-  std::vector<std::byte> memory(bytes);
+  auto memory = detail::allocate<std::byte>(compress_workspace_bytes<T>(backend, result.layout()),
+                                            "compress workspace");
   compress<T>(backend, input, result.view(), workspace(memory));
   return result;
 }
@@ -60,7 +60,7 @@ cache<T> compress(const cpu_backend& backend, const P& p, tensor_view<U> input) 
 /// Workspace bytes `densify` needs on `backend` for a cache of `layout`.
 template <storage_type T>
 std::size_t densify_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
-  detail::expect_type<T>(layout);
+  detail::expect_layout<T>(layout);
   return detail::cpu::densify_workspace_bytes<T>(backend, layout);
 }
 
@@ -77,9 +77,9 @@ void densify(const cpu_backend& backend, cache_view<const std::type_identity_t<T
 /// Densifies into a new vector.
 template <class U, storage_type T = std::remove_const_t<U>>
 std::vector<T> densify(const cpu_backend& backend, cache_view<U> cache) {
-  std::vector<T> out(static_cast<std::size_t>(cache.layout.numel()));
   const std::size_t bytes = densify_workspace_bytes<T>(backend, cache.layout);
-  std::vector<std::byte> memory(bytes);
+  auto out = detail::allocate<T>(static_cast<std::size_t>(cache.layout.numel()), "densify output");
+  auto memory = detail::allocate<std::byte>(bytes, "densify workspace");
   densify(backend, cache, tensor_view<T>{out.data(), cache.layout.shape}, workspace(memory));
   return out;
 }

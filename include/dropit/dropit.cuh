@@ -71,7 +71,7 @@ void expect_device_cache(const cache_view<T>& view) {
 /// random element caches, whose selection stays inside one block per chunk).
 template <storage_type T>
 std::size_t compress_workspace_bytes(const cuda_backend&, const cache_layout& layout) {
-  detail::expect_type<T>(layout);
+  detail::expect_layout<T>(layout);
   detail::cuda::workspace_carver carver;
   detail::cuda::add_compress_scratch(carver, layout);
   return carver.bytes();
@@ -92,7 +92,7 @@ void compress(const cuda_backend& backend, tensor_view<const std::type_identity_
 /// Workspace bytes `densify` needs on `backend` for a cache of `layout`.
 template <storage_type T>
 std::size_t densify_workspace_bytes(const cuda_backend&, const cache_layout& layout) {
-  detail::expect_type<T>(layout);
+  detail::expect_layout<T>(layout);
   detail::cuda::workspace_carver carver;
   detail::cuda::add_densify_scratch(carver, layout);
   return carver.bytes();
@@ -121,7 +121,7 @@ void densify(const cuda_backend& backend, cache_view<const std::type_identity_t<
 template <storage_type T>
 std::size_t linear_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& a,
                                                const shape& dz, const shape& dw) {
-  detail::expect_type<T>(a);
+  detail::expect_layout<T>(a);
   detail::check_linear(a, dz, dw);
   detail::cuda::workspace_carver carver;
   detail::cuda::add_gradient_scratch(carver, a);
@@ -152,7 +152,7 @@ template <storage_type T>
 std::size_t conv2d_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& x,
                                                const shape& dz, const shape& dw,
                                                const conv2d_params& params) {
-  detail::expect_type<T>(x);
+  detail::expect_layout<T>(x);
   detail::check_conv2d(x, dz, dw, params);
   detail::cuda::workspace_carver carver;
   detail::cuda::add_gradient_scratch(carver, x);
@@ -200,10 +200,10 @@ void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_ide
 template <storage_type T>
 void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx) {
-  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
-                 dx.shape);
   detail::expect_data(dy, "ReLU dy");
   detail::expect_data(dx, "ReLU dx");
+  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
+                 dx.shape);
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
   detail::cuda::expect_device_view(dy, "ReLU dy");

@@ -59,10 +59,10 @@ void pack_relu_mask(const cpu_backend& backend, tensor_view<const std::type_iden
 template <storage_type T>
 void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx) {
-  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
-                 dx.shape);
   detail::expect_data(dy, "ReLU dy");
   detail::expect_data(dx, "ReLU dx");
+  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
+                 dx.shape);
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
   detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <ostream>
 
 #include "config.hpp"
@@ -15,6 +16,9 @@ namespace dropit {
 /// Extents of a row-major tensor of up to `max_rank` dimensions.
 struct shape {
   static constexpr int max_rank = 8;
+  /// The most elements a tensor may hold, 2^60 - 1: any byte size derived from it (values, 8-byte
+  /// positions, scratch) then fits a signed 64-bit count.
+  static constexpr std::int64_t max_numel = std::numeric_limits<std::int64_t>::max() / 8;
 
   std::array<std::int64_t, max_rank> extents{};
   int rank = 0;
@@ -36,9 +40,30 @@ struct shape {
 
   void push_back(std::int64_t extent) {
     detail::expect(rank < max_rank, "tensor rank exceeds the maximum of ", max_rank);
-    detail::expect(extent >= 0, "tensor extent ", extent, " in dimension ", rank,
-                   " is negative; expected >= 0");
     extents[rank++] = extent;
+    validate("tensor");
+  }
+
+  /// Checks what every operation relies on, for shapes built by hand too: rank in [0, max_rank],
+  /// extents >= 0, and the product of the non-zero extents (so every partial product, such as the
+  /// outer or inner size around a channel axis) at most `max_numel`. Returns `numel()`.
+  std::int64_t validate(const char* what) const {
+    detail::expect(rank >= 0 && rank <= max_rank, what, " rank ", rank, " is outside [0, ",
+                   max_rank, "]");
+    std::int64_t product = 1;
+    bool empty = false;
+    for (int i = 0; i < rank; ++i) {
+      detail::expect(extents[i] >= 0, what, " extent ", extents[i], " in dimension ", i,
+                     " is negative; expected >= 0");
+      if (extents[i] == 0) {
+        empty = true;
+        continue;
+      }
+      product = detail::checked_mul(product, extents[i], "element count of ", what, " shape ", *this);
+      detail::expect(product <= max_numel, "the non-zero extents of ", what, " shape ", *this,
+                     " multiply to more than the ", max_numel, " elements dropit supports");
+    }
+    return empty ? 0 : product;
   }
 
   DROPIT_HOST_DEVICE constexpr std::int64_t operator[](int axis) const { return extents[axis]; }
@@ -90,10 +115,11 @@ inline int normalize_axis(int axis, int rank, const char* what) {
   return normalized;
 }
 
+/// Checks a view's shape (see `shape::validate`) and that its data exists where it has elements.
 template <class T>
 void expect_data(const tensor_view<T>& view, const char* what) {
-  expect(view.data != nullptr || view.numel() == 0, what, " is a null pointer but holds ",
-         view.numel(), " elements");
+  const std::int64_t n = view.shape.validate(what);
+  expect(view.data != nullptr || n == 0, what, " is a null pointer but holds ", n, " elements");
 }
 
 }  // namespace detail

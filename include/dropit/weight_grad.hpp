@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct linear_dims {
 
 /// Validates a linear weight-gradient call and returns its dimensions.
 inline linear_dims check_linear(const cache_layout& a, const shape& dz, const shape& dw) {
+  validate_layout(a);
+  dz.validate("dZ");
+  dw.validate("dW");
   expect(a.shape.rank >= 1, "linear input must have rank >= 1, got shape ", a.shape);
   const std::int64_t in_features = a.shape[a.shape.rank - 1];
   const std::int64_t rows = a.shape.product(0, a.shape.rank - 1);
@@ -59,15 +63,25 @@ inline linear_dims check_linear(const cache_layout& a, const shape& dz, const sh
 
 inline std::int64_t conv_output_extent(std::int64_t in, std::int64_t kernel, std::int64_t stride,
                                        std::int64_t pad, std::int64_t dilation, const char* axis) {
-  const std::int64_t span = in + 2 * pad - dilation * (kernel - 1) - 1;
+  const std::int64_t padded = checked_add(in, checked_mul(std::int64_t{2}, pad, "conv2d padding"),
+                                          "conv2d padded input ", axis);
+  const std::int64_t reach = checked_mul(dilation, kernel - 1, "conv2d dilated kernel ", axis);
+  const std::int64_t span = padded - reach - 1;
   expect(span >= 0, "conv2d output ", axis, " is <= 0 (input ", in, ", kernel ", kernel,
          ", padding ", pad, ", dilation ", dilation, "); expected a positive output size");
-  return span / stride + 1;
+  const std::int64_t out = span / stride + 1;
+  // The CPU kernels look output coordinates up in 32-bit tables.
+  expect(out <= std::numeric_limits<std::int32_t>::max(), "conv2d output ", axis, " ", out,
+         " exceeds ", std::numeric_limits<std::int32_t>::max());
+  return out;
 }
 
 /// Validates a conv2d weight-gradient call and returns its geometry.
 inline cpu::conv2d_geometry check_conv2d(const cache_layout& x, const shape& dz, const shape& dw,
                                          const conv2d_params& p) {
+  validate_layout(x);
+  dz.validate("conv2d dZ");
+  dw.validate("conv2d dW");
   expect(x.shape.rank == 4, "conv2d input must be [N, C_in, H, W], got shape ", x.shape);
   expect(dz.rank == 4, "conv2d dZ must be [N, C_out, H_out, W_out], got shape ", dz);
   expect(dw.rank == 4, "conv2d dW must be [C_out, C_in/groups, KH, KW], got shape ", dw);
@@ -111,7 +125,6 @@ inline cpu::conv2d_geometry check_conv2d(const cache_layout& x, const shape& dz,
 template <class T, class U, class V>
 void expect_gradient_operands(const cache_view<const T>& cache, const tensor_view<U>& dz,
                               const tensor_view<V>& dw) {
-  expect_type<T>(cache.layout);
   expect_buffers(cache);
   expect_data(dz, "dZ");
   expect_data(dw, "dW");
@@ -123,7 +136,7 @@ void expect_gradient_operands(const cache_view<const T>& cache, const tensor_vie
 template <storage_type T>
 std::size_t linear_weight_grad_workspace_bytes(const cpu_backend& backend, const cache_layout& a,
                                                const shape& dz, const shape& dw) {
-  detail::expect_type<T>(a);
+  detail::expect_layout<T>(a);
   const auto d = detail::check_linear(a, dz, dw);
   detail::cpu::workspace_carver carver;
   detail::cpu::add_linear_scratch<T>(carver, backend, a, d.rows, d.in_features, d.out_features);
@@ -151,7 +164,7 @@ void linear_weight_grad(const cpu_backend& backend, cache_view<const std::type_i
                         grad_mode mode = grad_mode::overwrite) {
   const std::size_t bytes =
       linear_weight_grad_workspace_bytes<T>(backend, a.layout, dz.shape, dw.shape);
-  std::vector<std::byte> memory(bytes);
+  auto memory = detail::allocate<std::byte>(bytes, "linear_weight_grad workspace");
   linear_weight_grad<T>(backend, a, dz, dw, mode, workspace(memory));
 }
 
@@ -160,7 +173,7 @@ template <storage_type T>
 std::size_t conv2d_weight_grad_workspace_bytes(const cpu_backend& backend, const cache_layout& x,
                                                const shape& dz, const shape& dw,
                                                const conv2d_params& params) {
-  detail::expect_type<T>(x);
+  detail::expect_layout<T>(x);
   const auto g = detail::check_conv2d(x, dz, dw, params);
   detail::cpu::workspace_carver carver;
   detail::cpu::add_conv2d_scratch(carver, backend, x, g);
@@ -187,7 +200,7 @@ void conv2d_weight_grad(const cpu_backend& backend, cache_view<const std::type_i
                         const conv2d_params& params, grad_mode mode = grad_mode::overwrite) {
   const std::size_t bytes =
       conv2d_weight_grad_workspace_bytes<T>(backend, x.layout, dz.shape, dw.shape, params);
-  std::vector<std::byte> memory(bytes);
+  auto memory = detail::allocate<std::byte>(bytes, "conv2d_weight_grad workspace");
   conv2d_weight_grad<T>(backend, x, dz, dw, params, mode, workspace(memory));
 }
 

@@ -3,7 +3,9 @@
 /// Tensors as dropit views, the backend a tensor's device selects, and the compact cache held as
 /// torch tensors (so its memory comes from, and is counted by, torch's allocator).
 
+#include <bit>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -100,27 +102,84 @@ struct saved_cache {
     return static_cast<std::int64_t>(values.nbytes() + positions.nbytes());
   }
 
+  /// Checks the layout whole and that the tensors hold what it describes, so that a cache is never
+  /// read through buffers of another size, type or device (such as another layer's tensors).
+  void validate() const {
+    namespace d = dropit::detail;
+    d::validate_layout(layout);
+    d::expect(values.defined() && positions.defined(), "cache tensors are undefined");
+    d::expect(values.device() == positions.device(), "cache values are on ", values.device().str(),
+              " but its positions on ", positions.device().str());
+    d::expect(values.scalar_type() == dtype_of(layout.type), "cache values have dtype ",
+              c10::toString(values.scalar_type()), " but the layout holds ", name_of(layout.type));
+    d::expect(values.is_contiguous() && values.numel() == layout.kept(), "cache values hold ",
+              values.numel(), values.is_contiguous() ? "" : " non-contiguous",
+              " elements but the layout keeps ", layout.kept());
+    const auto words = static_cast<std::int64_t>((layout.position_bytes() + 3) / 4);
+    d::expect(positions.scalar_type() == at::kInt && positions.is_contiguous() &&
+                  positions.numel() == words,
+              "cache positions are ", positions.numel(), " ", c10::toString(positions.scalar_type()),
+              " elements", positions.is_contiguous() ? "" : " (non-contiguous)",
+              " but the layout needs ", words, " contiguous int32 words");
+  }
+
   template <storage_type T>
   cache_view<const T> view() const {
-    dropit::detail::expect_type<T>(layout);
+    validate();
+    dropit::detail::expect_layout<T>(layout);
     return {layout, static_cast<const T*>(values.data_ptr()),
             const_cast<void*>(positions.data_ptr())};
   }
 
-  /// The layout as integers, so it can travel through autograd's saved data.
+  /// The layout as integers, field by field, so it can travel through autograd's saved data.
   std::vector<std::int64_t> packed_layout() const {
-    static_assert(std::is_trivially_copyable_v<cache_layout>);
-    std::vector<std::int64_t> words((sizeof(cache_layout) + 7) / 8);
-    std::memcpy(words.data(), &layout, sizeof(cache_layout));
+    std::vector<std::int64_t> words{layout.shape.rank};
+    words.insert(words.end(), layout.shape.extents.begin(), layout.shape.extents.end());
+    words.insert(words.end(),
+                 {static_cast<std::int64_t>(layout.type), static_cast<std::int64_t>(layout.selection),
+                  layout.channel_granularity, static_cast<std::int64_t>(layout.encoding),
+                  std::bit_cast<std::int64_t>(layout.gamma), std::bit_cast<std::int64_t>(layout.seed),
+                  layout.rescale, layout.chunk_size, layout.kept_per_chunk, layout.kept_per_tail,
+                  layout.offset_bytes, layout.channel_axis, layout.outer, layout.channels,
+                  layout.inner, layout.kept_channels});
     return words;
   }
 
+  /// The layout `packed_layout` wrote, validated whole. Integers that are no layout (another
+  /// length, out-of-range fields, inconsistent counts) raise `dropit::error`.
   static cache_layout unpack_layout(const std::vector<std::int64_t>& words) {
-    dropit::detail::expect(words.size() == (sizeof(cache_layout) + 7) / 8,
-                           "packed cache layout has ", words.size(), " words; expected ",
-                           (sizeof(cache_layout) + 7) / 8);
+    constexpr std::size_t count = 1 + shape::max_rank + 16;
+    dropit::detail::expect(words.size() == count, "packed cache layout has ", words.size(),
+                           " words; expected ", count);
+    std::size_t next = 0;
+    // Each field is range-checked before it is narrowed, so no value wraps into a valid one.
+    const auto field = [&](const char* name, std::int64_t low, std::int64_t high) {
+      const std::int64_t word = words[next++];
+      dropit::detail::expect(word >= low && word <= high, "packed cache layout field ", name,
+                             " is ", word, "; expected ", low, " to ", high);
+      return word;
+    };
+    constexpr std::int64_t int_max = std::numeric_limits<int>::max();
     cache_layout layout;
-    std::memcpy(static_cast<void*>(&layout), words.data(), sizeof(cache_layout));
+    layout.shape.rank = static_cast<int>(field("rank", 0, shape::max_rank));
+    for (auto& extent : layout.shape.extents) extent = words[next++];
+    layout.type = static_cast<element_type>(field("type", 0, 2));
+    layout.selection = static_cast<selection_kind>(field("selection", 0, 2));
+    layout.channel_granularity = field("channel_granularity", 0, 1) != 0;
+    layout.encoding = static_cast<position_encoding>(field("encoding", 0, 3));
+    layout.gamma = std::bit_cast<double>(words[next++]);
+    layout.seed = std::bit_cast<std::uint64_t>(words[next++]);
+    layout.rescale = field("rescale", 0, 1) != 0;
+    layout.chunk_size = words[next++];
+    layout.kept_per_chunk = words[next++];
+    layout.kept_per_tail = words[next++];
+    layout.offset_bytes = static_cast<int>(field("offset_bytes", -int_max, int_max));
+    layout.channel_axis = static_cast<int>(field("channel_axis", -int_max, int_max));
+    layout.outer = words[next++];
+    layout.channels = words[next++];
+    layout.inner = words[next++];
+    layout.kept_channels = words[next++];
+    dropit::detail::validate_layout(layout);
     return layout;
   }
 };
@@ -150,6 +209,7 @@ inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
 
 /// The dense tensor a cache stands for (zeros where nothing was kept).
 inline at::Tensor densify(const saved_cache& cache) {
+  cache.validate();
   at::Tensor out = at::empty(
       std::vector<std::int64_t>(cache.layout.shape.extents.begin(),
                                 cache.layout.shape.extents.begin() + cache.layout.shape.rank),
@@ -164,11 +224,22 @@ inline at::Tensor densify(const saved_cache& cache) {
   return out;
 }
 
+/// A valid cache on `dz`'s device.
+inline void expect_same_device(const saved_cache& cache, const at::Tensor& dz) {
+  cache.validate();
+  dropit::detail::expect(cache.values.device() == dz.device(), "cache is on ",
+                         cache.values.device().str(), " but dZ on ", dz.device().str());
+}
+
 /// dW [N_out, K] of a linear layer whose input was cached in `input`, from `dz` [..., N_out].
 inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor& dz) {
   expect_usable(dz, "dZ");
   const cpu_backend backend = backend_for(dz, "dZ");
-  const std::int64_t in_features = input.layout.shape[input.layout.shape.rank - 1];
+  expect_same_device(input, dz);
+  dropit::detail::expect(dz.dim() >= 1, "dZ must have rank >= 1, got shape ", shape_of(dz));
+  // A rank-0 layout has no feature axis: the core check names it.
+  const dropit::shape& a = input.layout.shape;
+  const std::int64_t in_features = a.rank >= 1 ? a[a.rank - 1] : 0;
   at::Tensor dw = at::empty({dz.size(-1), in_features}, dz.options());
   visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
     using T = decltype(tag);
@@ -186,6 +257,7 @@ inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor&
                                      at::IntArrayRef weight_size, const conv2d_params& params) {
   expect_usable(dz, "dZ");
   const cpu_backend backend = backend_for(dz, "dZ");
+  expect_same_device(input, dz);
   at::Tensor dw = at::empty(weight_size, dz.options());
   visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
     using T = decltype(tag);

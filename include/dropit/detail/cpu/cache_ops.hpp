@@ -4,9 +4,9 @@
 // at offsets computable from the layout, so chunks run in parallel with no coordination.
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdint>
-#include <cstring>
 #include <numeric>
 
 #include "../../cache.hpp"
@@ -19,11 +19,10 @@ namespace dropit::detail::cpu {
 // ---------------------------------------------------------------------------------------------
 // Element granularity.
 
-/// Selection keys of one chunk (magnitudes of `input` for min-k, generator draws for random) and
-/// their radix histogram.
+/// Selection keys of one chunk: magnitudes of `input` for min-k, generator draws for random.
 template <storage_type T>
-radix_histogram chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
-                           std::uint32_t* keys) {
+void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
+                std::uint32_t* keys) {
   const std::int64_t length = layout.chunk_length(chunk);
   if (layout.selection == selection_kind::random) {
     for (std::int64_t i = 0; i < length; ++i)
@@ -33,27 +32,49 @@ radix_histogram chunk_keys(const cache_layout& layout, const T* input, std::int6
     const T* data = input + layout.chunk_begin(chunk);
     for (std::int64_t i = 0; i < length; ++i) keys[i] = magnitude_key(data[i]);
   }
-  // Counted in a pass of its own: the key loops above vectorise, the counting cannot.
-  return radix_histogram(keys, length);
 }
 
-/// Scratch keys one thread needs for an element layout: the chunk's keys and the selection's.
+/// Scratch keys one thread needs for an element layout: the longest chunk's keys and the
+/// selection's (a tensor smaller than one chunk needs only its own length).
 inline std::int64_t element_scratch_keys(const cache_layout& layout) {
-  return layout.chunk_size + select_scratch_keys(layout.chunk_size);
+  const std::int64_t longest = std::min(layout.chunk_size, layout.numel());
+  return longest + select_scratch_keys(longest);
+}
+
+/// The cut keeping `kept_in_chunk(chunk)` of the chunk's keys (in `scratch`, followed by the
+/// selection's scratch).
+inline threshold chunk_threshold(const cache_layout& layout, std::int64_t chunk,
+                                 std::uint32_t* scratch) {
+  const std::int64_t length = layout.chunk_length(chunk);
+  return select_threshold(scratch, length, layout.kept_in_chunk(chunk), scratch + length);
+}
+
+/// Elements handed out per parallel work item, at least: small chunks go in groups, so that
+/// scheduling costs little against their work (and the partition never changes a result).
+inline constexpr std::int64_t chunk_group_elements = 4096;
+
+/// Calls `body(chunk, thread)` for every chunk of an element layout, in parallel.
+template <class Body>
+void for_each_chunk(const cpu_backend& backend, const cache_layout& layout, Body&& body) {
+  const std::int64_t chunks = layout.chunk_count();
+  const std::int64_t group =
+      std::max<std::int64_t>(1, chunk_group_elements / std::max<std::int64_t>(1, layout.chunk_size));
+  parallel_for(backend, (chunks + group - 1) / group, [&](std::int64_t item, int thread) {
+    const std::int64_t end = std::min(chunks, (item + 1) * group);
+    for (std::int64_t chunk = item * group; chunk < end; ++chunk) body(chunk, thread);
+  });
 }
 
 template <storage_type T>
 void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chunk,
                     const cache_view<T>& out, std::uint32_t* scratch) {
   const std::int64_t length = layout.chunk_length(chunk);
-  const std::int64_t kept = layout.kept_in_chunk(chunk);
   const T* data = input + layout.chunk_begin(chunk);
   T* values = out.values + layout.values_begin(chunk);
 
   std::uint32_t* keys = scratch;
-  const radix_histogram histogram = chunk_keys(layout, input, chunk, keys);
-  const threshold cut =
-      select_threshold(keys, length, kept, histogram, scratch + layout.chunk_size);
+  chunk_keys(layout, input, chunk, keys);
+  const threshold cut = chunk_threshold(layout, chunk, keys);
 
   std::int64_t stored = 0;
   switch (layout.encoding) {
@@ -87,9 +108,11 @@ void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chu
 }
 
 /// Calls `visit(flat_position, value_index)` for every kept element of `chunk`, ascending.
-/// `scratch` is `element_scratch_keys` keys (used only by seeded caches).
+/// `scratch` is `element_scratch_keys` keys (used only by seeded caches). Stored positions come
+/// from the caller's buffers, so they are checked before they are used: false (and nothing visited
+/// from there on) where they do not encode exactly the chunk's kept count inside the chunk.
 template <class T, class Visit>
-void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
+bool for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
                             Visit&& visit) {
   const cache_layout& layout = cache.layout;
   const std::int64_t begin = layout.chunk_begin(chunk);
@@ -100,30 +123,37 @@ void for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
     case position_encoding::bitmask: {
       const auto* words =
           static_cast<const std::uint32_t*>(cache.positions) + layout.mask_word_begin(chunk);
+      const std::int64_t word_count = (length + 31) / 32;
+      if (length % 32 != 0 && words[word_count - 1] >> (length % 32) != 0) return false;
+      const std::int64_t end_value = first_value + kept;
       std::int64_t value = first_value;
-      for (std::int64_t w = 0; w < (length + 31) / 32; ++w)
-        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
+      for (std::int64_t w = 0; w < word_count; ++w)
+        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
+          if (value == end_value) return false;
           visit(begin + w * 32 + std::countr_zero(bits), value++);
+        }
+      if (value != end_value) return false;
       break;
     }
     case position_encoding::offsets:
-      for (std::int64_t j = 0; j < kept; ++j) {
+      for (std::int64_t j = 0, previous = -1; j < kept; ++j) {
         const std::int64_t offset =
             layout.offset_bytes == 2
                 ? static_cast<const std::uint16_t*>(cache.positions)[first_value + j]
                 : static_cast<const std::uint32_t*>(cache.positions)[first_value + j];
+        if (offset <= previous || offset >= length) return false;
+        previous = offset;
         visit(begin + offset, first_value + j);
       }
       break;
     default: {  // seeded: regenerate the draw made in compress
-      const radix_histogram histogram =
-          chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
-      const threshold cut =
-          select_threshold(scratch, length, kept, histogram, scratch + layout.chunk_size);
+      chunk_keys<std::remove_const_t<T>>(layout, nullptr, chunk, scratch);
+      const threshold cut = chunk_threshold(layout, chunk, scratch);
       std::int64_t value = first_value;
       for_each_selected(scratch, length, cut, [&](std::int64_t i) { visit(begin + i, value++); });
     }
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -152,8 +182,8 @@ double channel_score(const cache_layout& layout, const T* input, std::int64_t ch
 /// Scratch a channel selection needs: scores and an ordering of the channels.
 inline void add_channel_scratch(workspace_carver& carver, const cache_layout& layout,
                                 double*& scores, std::uint32_t*& order) {
-  scores = carver.add<double>(static_cast<std::size_t>(layout.channels));
-  order = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.channels));
+  scores = carver.add<double>(layout.channels);
+  order = carver.add<std::uint32_t>(layout.channels);
 }
 
 /// Writes the `kept_channels` selected channels to `kept`, ascending. Min-k ranks channels by
@@ -182,8 +212,14 @@ template <class T>
 const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<T>& cache,
                                    double* scores, std::uint32_t* order,
                                    std::uint32_t* regenerated) {
-  if (cache.layout.encoding == position_encoding::channel_list)
-    return static_cast<const std::uint32_t*>(cache.positions);
+  if (cache.layout.encoding == position_encoding::channel_list) {
+    const auto* list = static_cast<const std::uint32_t*>(cache.positions);
+    for (std::int64_t j = 0; j < cache.layout.kept_channels; ++j)
+      expect(list[j] < cache.layout.channels && (j == 0 || list[j] > list[j - 1]),
+             "cache channel list entry ", j, " is channel ", list[j], "; expected ascending "
+             "channels below ", cache.layout.channels);
+    return list;
+  }
   select_channels<std::remove_const_t<T>>(backend, cache.layout, nullptr, scores, order,
                                           regenerated);
   return regenerated;
@@ -191,6 +227,15 @@ const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<
 
 // ---------------------------------------------------------------------------------------------
 // Whole-cache walks.
+
+/// The kept value at flat `position` as backward uses it: in float, times n/k when the layout
+/// rescales. This unrounded product is what the weight gradients use; densify rounds it once to
+/// the element type (so a 16-bit densify can differ from it by that rounding, or overflow).
+template <storage_type T>
+float scaled_value(const cache_layout& layout, T value, std::int64_t position) {
+  const std::int64_t chunk = layout.channel_granularity ? 0 : position / layout.chunk_size;
+  return to_float(value) * layout.value_scale(chunk);
+}
 
 /// Scratch carved for reading a cache: per-thread chunk keys, or the channel list.
 struct read_scratch {
@@ -208,14 +253,14 @@ inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend
     if (needs_input_selection || layout.encoding == position_encoding::seeded) {
       add_channel_scratch(carver, layout, scratch.scores, scratch.order);
       scratch.channel_list =
-          carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
+          carver.add<std::uint32_t>(layout.kept_channels);
     }
   } else if (needs_input_selection || layout.encoding == position_encoding::seeded) {
     const auto threads = std::max<std::int64_t>(
         1, std::min<std::int64_t>(backend.thread_count(), layout.chunk_count()));
     scratch.keys_per_thread = element_scratch_keys(layout);
     scratch.keys =
-        carver.add<std::uint32_t>(static_cast<std::size_t>(threads * scratch.keys_per_thread));
+        carver.add<std::uint32_t>(threads, scratch.keys_per_thread);
   }
   return scratch;
 }
@@ -239,9 +284,18 @@ void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
     });
     return;
   }
-  parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int thread) {
-    for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread, visit);
+  // Exceptions cannot leave a parallel region: a bad chunk is recorded and reported after it.
+  std::atomic<std::int64_t> bad_chunk{-1};
+  for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
+    if (!for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread,
+                                visit))
+      bad_chunk.store(chunk, std::memory_order_relaxed);
   });
+  const std::int64_t bad = bad_chunk.load();
+  expect(bad < 0, "cache positions of chunk ", bad, " do not match the layout: expected ",
+         layout.kept_in_chunk(std::max<std::int64_t>(bad, 0)), " ascending ",
+         name_of(layout.encoding), " positions below the chunk length ",
+         layout.chunk_length(std::max<std::int64_t>(bad, 0)));
 }
 
 template <storage_type T>
@@ -265,15 +319,15 @@ void compress(const cpu_backend& backend, const T* input, const cache_view<T>& o
                               : scratch.channel_list;
     select_channels(backend, layout, input, scratch.scores, scratch.order, list);
     const std::int64_t kept = layout.kept_channels, inner = layout.inner;
+    // copy_n, not memcpy: with inner == 0 both buffers may be null, which memcpy does not allow.
     parallel_for(backend, layout.outer, [&](std::int64_t o, int) {
       for (std::int64_t j = 0; j < kept; ++j)
-        std::memcpy(out.values + (o * kept + j) * inner,
-                    input + (o * layout.channels + list[j]) * inner,
-                    static_cast<std::size_t>(inner) * sizeof(T));
+        std::copy_n(input + (o * layout.channels + list[j]) * inner, inner,
+                    out.values + (o * kept + j) * inner);
     });
     return;
   }
-  parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int thread) {
+  for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
     compress_chunk(layout, input, chunk, out, scratch.keys + thread * scratch.keys_per_thread);
   });
 }
@@ -299,7 +353,7 @@ void densify(const cpu_backend& backend, const cache_view<const T>& cache, T* ou
     parallel_for(backend, layout.outer,
                  [&](std::int64_t o, int) { std::fill_n(out + o * slab, slab, T{}); });
   } else {
-    parallel_for(backend, layout.chunk_count(), [&](std::int64_t chunk, int) {
+    for_each_chunk(backend, layout, [&](std::int64_t chunk, int) {
       std::fill_n(out + layout.chunk_begin(chunk), layout.chunk_length(chunk), T{});
     });
   }
@@ -310,8 +364,7 @@ void densify(const cpu_backend& backend, const cache_view<const T>& cache, T* ou
     return;
   }
   for_each_kept(backend, cache, scratch, [&](std::int64_t position, std::int64_t value) {
-    const float scale = layout.value_scale(position / std::max<std::int64_t>(1, layout.chunk_size));
-    out[position] = from_float<T>(to_float(cache.values[value]) * scale);
+    out[position] = from_float<T>(scaled_value(layout, cache.values[value], position));
   });
 }
 

@@ -2,6 +2,7 @@
 // Threading and scratch-memory plumbing of the CPU backend.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -42,11 +43,15 @@ class workspace_carver {
         start_((alignment - reinterpret_cast<std::uintptr_t>(memory.data()) % alignment) %
                alignment) {}
 
-  template <class T>
-  T* add(std::size_t count) {
-    offset_ = (offset_ + alignment - 1) / alignment * alignment;
+  /// A segment of `factors...` (multiplied) elements of type T. Sizes are checked: huge extents
+  /// or parameters are refused here, not wrapped into a small workspace.
+  template <class T, std::integral... Factors>
+  T* add(Factors... factors) {
+    std::size_t bytes = sizeof(T);
+    ((bytes = checked_mul(bytes, static_cast<std::size_t>(factors), "workspace size")), ...);
+    offset_ = checked_add(offset_, alignment - 1, "workspace size") / alignment * alignment;
     T* segment = base_ ? reinterpret_cast<T*>(base_ + start_ + offset_) : nullptr;
-    offset_ += count * sizeof(T);
+    offset_ = checked_add(offset_, bytes, "workspace size");
     return segment;
   }
 

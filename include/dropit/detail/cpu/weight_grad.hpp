@@ -36,20 +36,17 @@ inline decode_scratch add_decode_scratch(workspace_carver& carver, const cpu_bac
                                          const cache_layout& layout) {
   decode_scratch scratch;
   scratch.entries.count = layout.kept();
-  scratch.entries.positions = carver.add<std::int64_t>(static_cast<std::size_t>(layout.kept()));
-  scratch.entries.values = carver.add<float>(static_cast<std::size_t>(layout.kept()));
+  scratch.entries.positions = carver.add<std::int64_t>(layout.kept());
+  scratch.entries.values = carver.add<float>(layout.kept());
   scratch.reading = add_read_scratch(carver, backend, layout, false);
   return scratch;
 }
 
 template <class T>
 void decode(const cpu_backend& backend, const cache_view<T>& cache, const decode_scratch& scratch) {
-  const cache_layout& layout = cache.layout;
-  const std::int64_t chunk_size = std::max<std::int64_t>(1, layout.chunk_size);
   for_each_kept(backend, cache, scratch.reading, [&](std::int64_t position, std::int64_t value) {
     scratch.entries.positions[value] = position;
-    scratch.entries.values[value] =
-        to_float(cache.values[value]) * layout.value_scale(position / chunk_size);
+    scratch.entries.values[value] = scaled_value(cache.layout, cache.values[value], position);
   });
 }
 
@@ -102,14 +99,13 @@ linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_backend& b
   scratch.decoded = add_decode_scratch(carver, backend, layout);
   const std::int64_t blocks = (rows + linear_row_block - 1) / linear_row_block;
   scratch.column_begin =
-      carver.add<std::int64_t>(static_cast<std::size_t>(blocks * (in_features + 2)));
-  scratch.column_rows = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept()));
-  scratch.column_values = carver.add<float>(static_cast<std::size_t>(layout.kept()));
+      carver.add<std::int64_t>(blocks, checked_add(in_features, std::int64_t{2}, "dW columns"));
+  scratch.column_rows = carver.add<std::uint32_t>(layout.kept());
+  scratch.column_values = carver.add<float>(layout.kept());
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
   scratch.accumulator =
-      carver.add<float>(static_cast<std::size_t>(tiles * in_features * linear_tile));
-  scratch.packed_dz = carver.add<float>(
-      static_cast<std::size_t>(tiles * std::min(rows, linear_row_block) * linear_tile));
+      carver.add<float>(tiles, in_features, linear_tile);
+  scratch.packed_dz = carver.add<float>(tiles, std::min(rows, linear_row_block), linear_tile);
   return scratch;
 }
 
@@ -275,12 +271,10 @@ inline conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cpu_bac
                                          const cache_layout& layout, const conv2d_geometry& g) {
   conv2d_scratch scratch;
   scratch.decoded = add_decode_scratch(carver, backend, layout);
-  scratch.dz = carver.add<float>(
-      static_cast<std::size_t>(g.batch * g.out_height * g.out_width * g.out_channels));
-  scratch.accumulator = carver.add<float>(
-      static_cast<std::size_t>(g.in_channels * g.kernel_h * g.kernel_w * g.out_per_group()));
-  scratch.out_rows = carver.add<std::int32_t>(static_cast<std::size_t>(g.height * g.kernel_h));
-  scratch.out_cols = carver.add<std::int32_t>(static_cast<std::size_t>(g.width * g.kernel_w));
+  scratch.dz = carver.add<float>(g.batch, g.out_height, g.out_width, g.out_channels);
+  scratch.accumulator = carver.add<float>(g.in_channels, g.kernel_h, g.kernel_w, g.out_per_group());
+  scratch.out_rows = carver.add<std::int32_t>(g.height, g.kernel_h);
+  scratch.out_cols = carver.add<std::int32_t>(g.width, g.kernel_w);
   return scratch;
 }
 
