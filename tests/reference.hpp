@@ -229,6 +229,18 @@ struct conv_shape {
   std::int64_t dw_numel() const {
     return out_channels * (in_channels / groups) * kernel_h * kernel_w;
   }
+  // The same geometry as the library's parameters.
+  dropit::conv2d_params params() const {
+    dropit::conv2d_params p;
+    p.stride[0] = stride_h;
+    p.stride[1] = stride_w;
+    p.padding[0] = pad_h;
+    p.padding[1] = pad_w;
+    p.dilation[0] = dilation_h;
+    p.dilation[1] = dilation_w;
+    p.groups = groups;
+    return p;
+  }
 };
 
 // dW[co, ci, kh, kw] = sum_{n, oh, ow} dZ[n, co, oh, ow] * X[n, g*Cin/G + ci, ih, iw] with

@@ -100,18 +100,6 @@ std::vector<ref::conv_shape> conv_grid() {
   return grid;
 }
 
-conv2d_params params_of(const ref::conv_shape& g) {
-  conv2d_params p;
-  p.stride[0] = g.stride_h;
-  p.stride[1] = g.stride_w;
-  p.padding[0] = g.pad_h;
-  p.padding[1] = g.pad_w;
-  p.dilation[0] = g.dilation_h;
-  p.dilation[1] = g.dilation_w;
-  p.groups = g.groups;
-  return p;
-}
-
 dropit::shape dw_shape(const ref::conv_shape& g) {
   return {g.out_channels, g.in_channels / g.groups, g.kernel_h, g.kernel_w};
 }
@@ -128,18 +116,18 @@ void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
 
   std::vector<T> dw(static_cast<std::size_t>(g.dw_numel()), test::make<T>(-7.0));
   conv2d_weight_grad<T>(serial, c.view(), test::view_of(dz, dz_shape),
-                        test::view_of(dw, dw_shape(g)), params_of(g));
+                        test::view_of(dw, dw_shape(g)), g.params());
   CHECK_GRADIENT(dw, want, tol);
 
   const auto old = test::smooth_values<T>(g.dw_numel(), seed + 2);
   dw = old;
   conv2d_weight_grad<T>(serial, c.view(), test::view_of(dz, dz_shape),
-                        test::view_of(dw, dw_shape(g)), params_of(g), grad_mode::accumulate);
+                        test::view_of(dw, dw_shape(g)), g.params(), grad_mode::accumulate);
   CHECK_GRADIENT(dw, plus(want, old), tol);
 
   if (c.layout().gamma == 0.0) {
     conv2d_weight_grad<T>(serial, c.view(), test::view_of(dz, dz_shape),
-                          test::view_of(dw, dw_shape(g)), params_of(g));
+                          test::view_of(dw, dw_shape(g)), g.params());
     CHECK_GRADIENT(dw, ref::conv2d_dw(x, dz, g), tol);
   }
 }
@@ -189,7 +177,7 @@ TEST_CASE("conv2d dW equals the direct sum over densify(cache) on the parameter 
       std::vector<float> dz(g.batch * g.out_channels), dw(g.dw_numel());
       CHECK_ERROR(conv2d_weight_grad<float>(serial, c.view(),
                                             test::view_of(dz, {g.batch, g.out_channels, 1, 1}),
-                                            test::view_of(dw, dw_shape(g)), params_of(g)),
+                                            test::view_of(dw, dw_shape(g)), g.params()),
                   "output", "<= 0");
       continue;
     }

@@ -99,14 +99,7 @@ void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
   const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
   const dropit::shape dz_shape{g.batch, g.out_channels, g.out_h(), g.out_w()};
   const dropit::shape dw_shape{g.out_channels, g.in_channels / g.groups, g.kernel_h, g.kernel_w};
-  conv2d_params params;
-  params.stride[0] = g.stride_h;
-  params.stride[1] = g.stride_w;
-  params.padding[0] = g.pad_h;
-  params.padding[1] = g.pad_w;
-  params.dilation[0] = g.dilation_h;
-  params.dilation[1] = g.dilation_w;
-  params.groups = g.groups;
+  const conv2d_params params = g.params();
   const auto c = compress(serial, p, test::view_of(x, x_shape));
   const auto want = ref::conv2d_dw(test::gradient_operand(c), test::as_float(dz), g);
   const auto tol = test::tolerance_for<T>();

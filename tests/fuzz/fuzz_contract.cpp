@@ -422,14 +422,7 @@ void check_conv2d(reader& in, const cache<T>& c, const operand& a, const std::ve
   const std::uint8_t q = in.byte();
   g.groups = 1 + q % 4;
   g.out_channels = g.groups * (1 + (q >> 2) % 3);
-  conv2d_params params;
-  params.stride[0] = g.stride_h;
-  params.stride[1] = g.stride_w;
-  params.padding[0] = g.pad_h;
-  params.padding[1] = g.pad_w;
-  params.dilation[0] = g.dilation_h;
-  params.dilation[1] = g.dilation_w;
-  params.groups = g.groups;
+  const conv2d_params params = g.params();
   const bool valid_groups = g.in_channels % g.groups == 0;
   const std::int64_t in_per_group = g.in_channels / g.groups;
   const auto span = [](std::int64_t in, std::int64_t k, std::int64_t pad, std::int64_t d) {
