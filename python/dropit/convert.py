@@ -8,13 +8,12 @@ from typing import Iterable, List, Optional, Union
 import torch
 from torch import nn
 
-from . import _C
+from . import _C, functional
 from . import nn as dnn
 from ._policy import Policy
 
 __all__ = ["ConvertReport", "LayerReport", "convert"]
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _LINEAR_TYPES = (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear)
 
 
@@ -102,7 +101,7 @@ class _Converter:
             if isinstance(parent, nn.MultiheadAttention):
                 return self.skip(name, kind, "nn.MultiheadAttention uses this weight directly "
                                  "and never calls the layer")
-            if child.weight.dtype not in _SUPPORTED_DTYPES:
+            if child.weight.dtype not in functional.SUPPORTED_DTYPES:
                 return self.skip(name, kind, f"parameters of dtype {child.weight.dtype}; dropit "
                                  "supports float32, float16 and bfloat16")
         elif not (self.relu and type(child) is nn.ReLU):

@@ -18,6 +18,9 @@ from ._policy import Policy
 
 __all__ = ["Cache", "compress", "conv2d", "densify", "linear", "relu"]
 
+# The element types the library stores (float, half, bfloat16).
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
     """``dropit_policy``, or a Policy made of ``fields`` (gamma=, policy=, ...)."""
@@ -95,15 +98,12 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
                    chosen.spec(channel_axis=1, call=call))
 
 
-_MASKED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
 def relu(input: torch.Tensor) -> torch.Tensor:
     """ReLU that saves a 1-bit mask for backward instead of its output. Inputs the library does
     not take (other dtypes, devices other than the CPU) get torch's own ReLU."""
     if not (torch.is_grad_enabled() and input.requires_grad):
         return F.relu(input)
-    if input.dtype not in _MASKED_DTYPES or input.device.type != "cpu":
+    if input.dtype not in SUPPORTED_DTYPES or input.device.type != "cpu":
         return F.relu(input)
     return _C.relu(input.contiguous())
 
