@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Umbrella header of the CUDA backend (needs nvcc): everything in dropit.hpp plus `cuda_backend`
-/// and the overloads of compress, densify, the weight gradients and the ReLU mask that take it.
+/// and the definitions of the overloads of compress, densify, the weight gradients and the ReLU
+/// mask that take it (declared in cuda.hpp, for code not compiled by nvcc).
 ///
 /// The CUDA overloads mirror the CPU expert API: the caller passes device-accessible buffers
 /// (device, managed or pinned memory) and a workspace sized by the matching `*_workspace_bytes`
@@ -36,17 +37,12 @@
 #pragma nv_diagnostic pop
 #endif
 
+#include "cuda.hpp"
 #include "detail/cuda/cache_ops.cuh"
 #include "detail/cuda/common.cuh"
 #include "detail/cuda/weight_grad.cuh"
 
 namespace dropit {
-
-/// Execution on a CUDA device, asynchronous on `stream` (the legacy default stream when null), on
-/// the device current when the call is made.
-struct cuda_backend {
-  cudaStream_t stream = nullptr;
-};
 
 namespace detail::cuda {
 
