@@ -109,26 +109,33 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     const auto padding = ctx->saved_data["padding"].toIntVector();
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const std::int64_t groups = ctx->saved_data["groups"].toInt();
-    at::Tensor d_input, d_weight, d_bias;
-    if (ctx->needs_input_grad(0)) {
-      // torch's own input-gradient kernel reads only the input's shape, so an uninitialised
-      // tensor stands in for the dropped input. It must be contiguous: torch picks its fast
-      // (oneDNN) kernel only for contiguous inputs, and a zero-stride stand-in takes a path about
-      // twice as slow.
-      const at::Tensor shape_only = at::empty(input_sizes, dz.options());
-      d_input = std::get<0>(at::convolution_backward(dz, shape_only, weight, c10::nullopt, stride,
-                                                     padding, dilation, /*transposed=*/false,
-                                                     {0, 0}, groups, {true, false, false}));
+    conv2d_params params;
+    for (int i = 0; i < 2; ++i) {
+      params.stride[i] = stride[i];
+      params.padding[i] = padding[i];
+      params.dilation[i] = dilation[i];
     }
-    if (ctx->needs_input_grad(1)) {
-      conv2d_params params;
-      for (int i = 0; i < 2; ++i) {
-        params.stride[i] = stride[i];
-        params.padding[i] = padding[i];
-        params.dilation[i] = dilation[i];
+    params.groups = groups;
+    const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    at::Tensor d_input, d_weight, d_bias;
+    if (!dz.device().is_cpu()) {
+      // On a GPU both gradients come from one cuDNN call, the densified cache standing in for the
+      // dropped input (the input gradient reads only its shape).
+      const at::Tensor input = want_weight ? densify(detail::load_cache(saved))
+                                           : at::empty(input_sizes, dz.options());
+      std::tie(d_input, d_weight, std::ignore) =
+          dense_conv2d_backward(dz, input, weight, params, {want_input, want_weight, false});
+    } else {
+      if (want_input) {
+        // torch's own input-gradient kernel reads only the input's shape, so an uninitialised
+        // tensor stands in for the dropped input. It must be contiguous: torch picks its fast
+        // (oneDNN) kernel only for contiguous inputs, and a zero-stride stand-in takes a path
+        // about twice as slow.
+        d_input = std::get<0>(dense_conv2d_backward(dz, at::empty(input_sizes, dz.options()),
+                                                    weight, params, {true, false, false}));
       }
-      params.groups = groups;
-      d_weight = conv2d_weight_grad(detail::load_cache(saved), dz, weight.sizes(), params);
+      if (want_weight)
+        d_weight = conv2d_weight_grad(detail::load_cache(saved), dz, weight.sizes(), params);
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
       d_bias = dz.sum({0, 2, 3});
@@ -140,13 +147,14 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
 struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input) {
     expect_usable(input, "ReLU input");
-    const cpu_backend backend = backend_for(input, "ReLU input");
     at::Tensor output = at::relu(input);
     at::Tensor mask = at::empty({relu_mask_words(output.numel())}, input.options().dtype(at::kInt));
-    visit_dtype(output.scalar_type(), "ReLU input", [&](auto tag) {
-      using T = decltype(tag);
-      pack_relu_mask<T>(backend, const_view<T>(output, "ReLU output"),
-                        static_cast<std::uint32_t*>(mask.data_ptr()));
+    on_device_of(input, "ReLU input", [&](const auto& backend) {
+      visit_dtype(output.scalar_type(), "ReLU input", [&](auto tag) {
+        using T = decltype(tag);
+        pack_relu_mask<T>(backend, const_view<T>(output, "ReLU output"),
+                          static_cast<std::uint32_t*>(mask.data_ptr()));
+      });
     });
     ctx->save_for_backward({mask});
     return output;
@@ -157,11 +165,12 @@ struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
     const at::Tensor dy = grads[0].contiguous();
     const at::Tensor mask = ctx->get_saved_variables()[0];
     at::Tensor dx = at::empty_like(dy);
-    visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
-      using T = decltype(tag);
-      apply_relu_mask<T>(backend_for(dy, "ReLU gradient"),
-                         static_cast<const std::uint32_t*>(mask.data_ptr()),
-                         const_view<T>(dy, "ReLU gradient"), mutable_view<T>(dx, "ReLU dx"));
+    on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
+      visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
+        using T = decltype(tag);
+        apply_relu_mask<T>(backend, static_cast<const std::uint32_t*>(mask.data_ptr()),
+                           const_view<T>(dy, "ReLU gradient"), mutable_view<T>(dx, "ReLU dx"));
+      });
     });
     return {dx};
   }

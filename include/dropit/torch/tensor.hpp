@@ -3,15 +3,28 @@
 /// Tensors as dropit views, the backend a tensor's device selects, and the compact cache held as
 /// torch tensors (so its memory comes from, and is counted by, torch's allocator).
 
+#include <array>
 #include <bit>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <variant>
 #include <vector>
+
+#include <c10/core/DeviceGuard.h>
 
 #include "../dropit.hpp"
 #include "compat.hpp"
+
+// DROPIT_TORCH_CUDA: the program links the CUDA backend's instances (CMake target
+// dropit::torch_cuda; the Python package when built with CUDA), so CUDA tensors are supported.
+#if defined(DROPIT_TORCH_CUDA)
+#include <c10/cuda/CUDAStream.h>
+
+#include "../cuda.hpp"
+#endif
 
 namespace dropit::torch {
 
@@ -49,14 +62,35 @@ inline at::ScalarType dtype_of(element_type type) {
 
 inline dropit::shape shape_of(const at::Tensor& t) { return dropit::shape(t.sizes()); }
 
-/// The backend for tensors on `device`. The CPU backend uses torch's intra-op thread count, so
-/// dropit and the dense layers it replaces run on the same threads.
-inline cpu_backend backend_for(const at::Tensor& t, const char* what) {
-  dropit::detail::expect(
-      t.device().is_cpu(), what, " is on ", t.device().str(),
-      "; this build of dropit::torch supports CPU tensors (the CUDA backend is not "
-      "available)");
-  return cpu_backend{at::get_num_threads()};
+#if defined(DROPIT_TORCH_CUDA)
+using device_backend = std::variant<cpu_backend, cuda_backend>;
+inline constexpr const char* supported_devices = "CPU and CUDA tensors";
+#else
+using device_backend = std::variant<cpu_backend>;
+inline constexpr const char* supported_devices =
+    "CPU tensors (it was built without the CUDA backend: link dropit::torch_cuda)";
+#endif
+
+/// The backend for tensors on `t`'s device. The CPU backend uses torch's intra-op thread count, so
+/// dropit and the dense layers it replaces run on the same threads; the CUDA backend runs on
+/// torch's current stream of that device, so work is ordered with torch's own kernels.
+inline device_backend backend_for(const at::Tensor& t, const char* what) {
+  if (t.device().is_cpu()) return cpu_backend{at::get_num_threads()};
+#if defined(DROPIT_TORCH_CUDA)
+  if (t.device().is_cuda())
+    return cuda_backend{c10::cuda::getCurrentCUDAStream(t.device().index()).stream()};
+#endif
+  dropit::detail::fail(what, " is on ", t.device().str(), "; this build of dropit::torch supports ",
+                       supported_devices);
+}
+
+/// Calls `work(backend)` with the backend of `t`'s device, that device being current meanwhile.
+template <class Work>
+decltype(auto) on_device_of(const at::Tensor& t, const char* what, Work&& work) {
+  device_backend backend = backend_for(t, what);
+  c10::OptionalDeviceGuard guard;
+  if (!t.device().is_cpu()) guard.reset_device(t.device());
+  return std::visit(std::forward<Work>(work), backend);
 }
 
 /// Checks what every dropit operation needs of a tensor: defined, contiguous, of a supported type.
@@ -187,22 +221,25 @@ struct saved_cache {
 /// Compresses `input` under `spec` into tensors allocated by torch.
 inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
   expect_usable(input, "compress input");
-  const cpu_backend backend = backend_for(input, "compress input");
   saved_cache result;
   result.layout =
       plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input"));
   result.values = at::empty({result.layout.kept()}, input.options());
-  result.positions =
-      at::empty({static_cast<std::int64_t>((result.layout.position_bytes() + 3) / 4)},
-                input.options().dtype(at::kInt));
-  visit_dtype(input.scalar_type(), "compress input", [&](auto tag) {
-    using T = decltype(tag);
-    at::Tensor memory =
-        allocate_workspace(compress_workspace_bytes<T>(backend, result.layout), input);
-    dropit::compress<T>(backend, const_view<T>(input, "compress input"),
-                        cache_view<T>{result.layout, static_cast<T*>(result.values.data_ptr()),
-                                      result.positions.data_ptr()},
-                        span_of(memory));
+  const auto words = static_cast<std::int64_t>((result.layout.position_bytes() + 3) / 4);
+  result.positions = at::empty({words}, input.options().dtype(at::kInt));
+  // compress writes the encoding's bytes; the padding of the last word is zeroed here, so that a
+  // cache's tensors are the same on every device and from run to run.
+  if (result.layout.position_bytes() % 4 != 0) result.positions.narrow(0, words - 1, 1).zero_();
+  on_device_of(input, "compress input", [&](const auto& backend) {
+    visit_dtype(input.scalar_type(), "compress input", [&](auto tag) {
+      using T = decltype(tag);
+      at::Tensor memory =
+          allocate_workspace(compress_workspace_bytes<T>(backend, result.layout), input);
+      dropit::compress<T>(backend, const_view<T>(input, "compress input"),
+                          cache_view<T>{result.layout, static_cast<T*>(result.values.data_ptr()),
+                                        result.positions.data_ptr()},
+                          span_of(memory));
+    });
   });
   return result;
 }
@@ -214,60 +251,95 @@ inline at::Tensor densify(const saved_cache& cache) {
       std::vector<std::int64_t>(cache.layout.shape.extents.begin(),
                                 cache.layout.shape.extents.begin() + cache.layout.shape.rank),
       cache.values.options());
-  const cpu_backend backend = backend_for(cache.values, "cache");
-  visit_dtype(out.scalar_type(), "cache", [&](auto tag) {
-    using T = decltype(tag);
-    at::Tensor memory = allocate_workspace(densify_workspace_bytes<T>(backend, cache.layout), out);
-    dropit::densify<T>(backend, cache.view<T>(), mutable_view<T>(out, "densify output"),
-                       span_of(memory));
+  on_device_of(cache.values, "cache", [&](const auto& backend) {
+    visit_dtype(out.scalar_type(), "cache", [&](auto tag) {
+      using T = decltype(tag);
+      at::Tensor memory =
+          allocate_workspace(densify_workspace_bytes<T>(backend, cache.layout), out);
+      dropit::densify<T>(backend, cache.view<T>(), mutable_view<T>(out, "densify output"),
+                         span_of(memory));
+    });
   });
   return out;
 }
 
-/// A valid cache on `dz`'s device.
-inline void expect_same_device(const saved_cache& cache, const at::Tensor& dz) {
+/// A valid cache on `dz`'s device and of its dtype.
+inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz) {
   cache.validate();
   dropit::detail::expect(cache.values.device() == dz.device(), "cache is on ",
                          cache.values.device().str(), " but dZ on ", dz.device().str());
+  dropit::detail::expect(cache.values.scalar_type() == dz.scalar_type(), "cache holds ",
+                         c10::toString(cache.values.scalar_type()), " but dZ is ",
+                         c10::toString(dz.scalar_type()));
 }
+
+// The weight gradients. On the CPU, dropit's kernels read the cache directly. On a GPU the cache is
+// densified into a transient tensor of the input's size and dtype, and torch's own kernel (cuBLAS,
+// cuDNN) computes the gradient from it: the library kernels run at the hardware's speed, and the
+// dense input exists only during this layer's backward.
 
 /// dW [N_out, K] of a linear layer whose input was cached in `input`, from `dz` [..., N_out].
 inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor& dz) {
   expect_usable(dz, "dZ");
-  const cpu_backend backend = backend_for(dz, "dZ");
-  expect_same_device(input, dz);
+  expect_matches_cache(input, dz);
   dropit::detail::expect(dz.dim() >= 1, "dZ must have rank >= 1, got shape ", shape_of(dz));
   // A rank-0 layout has no feature axis: the core check names it.
   const dropit::shape& a = input.layout.shape;
   const std::int64_t in_features = a.rank >= 1 ? a[a.rank - 1] : 0;
-  at::Tensor dw = at::empty({dz.size(-1), in_features}, dz.options());
-  visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
-    using T = decltype(tag);
-    at::Tensor memory = allocate_workspace(
-        linear_weight_grad_workspace_bytes<T>(backend, input.layout, shape_of(dz), shape_of(dw)),
-        dz);
-    dropit::linear_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
-                                  mutable_view<T>(dw, "dW"), grad_mode::overwrite, span_of(memory));
+  const std::int64_t out_features = dz.size(-1);
+  dropit::detail::check_linear(input.layout, shape_of(dz), dropit::shape{out_features, in_features});
+  if (!dz.device().is_cpu())
+    return at::mm(dz.reshape({-1, out_features}).t(), densify(input).reshape({-1, in_features}));
+  at::Tensor dw = at::empty({out_features, in_features}, dz.options());
+  on_device_of(dz, "dZ", [&](const auto& backend) {
+    visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
+      using T = decltype(tag);
+      at::Tensor memory = allocate_workspace(
+          linear_weight_grad_workspace_bytes<T>(backend, input.layout, shape_of(dz), shape_of(dw)),
+          dz);
+      dropit::linear_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
+                                    mutable_view<T>(dw, "dW"), grad_mode::overwrite,
+                                    span_of(memory));
+    });
   });
   return dw;
+}
+
+/// torch's conv2d backward (cuDNN on a GPU) for the gradients `wanted` selects (input, weight,
+/// bias), with `input` the layer's input or a tensor of its shape when only dX is wanted.
+inline std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_conv2d_backward(
+    const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
+    const conv2d_params& params, std::array<bool, 3> wanted) {
+  const auto pair = [](const std::int64_t* v) { return std::vector<std::int64_t>{v[0], v[1]}; };
+  return at::convolution_backward(dz, input, weight, c10::nullopt, pair(params.stride),
+                                  pair(params.padding), pair(params.dilation),
+                                  /*transposed=*/false, {0, 0}, params.groups, wanted);
 }
 
 /// dW of a conv2d whose input was cached in `input`, for a weight of `weight_size`.
 inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor& dz,
                                      at::IntArrayRef weight_size, const conv2d_params& params) {
   expect_usable(dz, "dZ");
-  const cpu_backend backend = backend_for(dz, "dZ");
-  expect_same_device(input, dz);
+  expect_matches_cache(input, dz);
+  dropit::detail::check_conv2d(input.layout, shape_of(dz), dropit::shape(weight_size), params);
+  if (!dz.device().is_cpu()) {
+    // The weight's values are not read; only its shape is.
+    const at::Tensor weight = at::empty(weight_size, dz.options());
+    return std::get<1>(dense_conv2d_backward(dz, densify(input), weight, params,
+                                             {false, true, false}));
+  }
   at::Tensor dw = at::empty(weight_size, dz.options());
-  visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
-    using T = decltype(tag);
-    at::Tensor memory =
-        allocate_workspace(conv2d_weight_grad_workspace_bytes<T>(
-                               backend, input.layout, shape_of(dz), shape_of(dw), params),
-                           dz);
-    dropit::conv2d_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
-                                  mutable_view<T>(dw, "dW"), params, grad_mode::overwrite,
-                                  span_of(memory));
+  on_device_of(dz, "dZ", [&](const auto& backend) {
+    visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
+      using T = decltype(tag);
+      at::Tensor memory =
+          allocate_workspace(conv2d_weight_grad_workspace_bytes<T>(
+                                 backend, input.layout, shape_of(dz), shape_of(dw), params),
+                             dz);
+      dropit::conv2d_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
+                                    mutable_view<T>(dw, "dW"), params, grad_mode::overwrite,
+                                    span_of(memory));
+    });
   });
   return dw;
 }
