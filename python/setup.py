@@ -13,7 +13,8 @@ import sys
 from setuptools import setup
 
 try:
-    from torch.utils.cpp_extension import BuildExtension, CppExtension
+    import torch
+    from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 except ImportError:
     sys.exit("dropit: building the Python package needs PyTorch installed first "
              "(python3 -m pip install torch), then: python3 -m pip install --no-build-isolation ./python")
@@ -31,22 +32,58 @@ def project_version():
     return match.group(1) if match else "0.0.0"
 
 
+def build_with_cuda():
+    """CUDA support when torch is a CUDA build and nvcc is there (DROPIT_CUDA=0 turns it off,
+    DROPIT_CUDA=1 makes its absence an error)."""
+    choice = os.environ.get("DROPIT_CUDA", "auto")
+    if choice not in ("0", "1", "auto"):
+        sys.exit(f"dropit: DROPIT_CUDA is {choice!r}; expected 0, 1 or auto")
+    if choice == "0":
+        return False
+    nvcc = os.path.join(CUDA_HOME or "", "bin", "nvcc")
+    missing = ("torch is a CPU-only build" if torch.version.cuda is None
+               else None if os.path.isfile(nvcc) else f"no nvcc at {nvcc} (set CUDA_HOME)")
+    if missing and choice == "1":
+        sys.exit(f"dropit: DROPIT_CUDA=1 but {missing}")
+    return missing is None
+
+
+# C++20 for the library; OpenMP for its CPU backend (results do not depend on it); hidden
+# visibility, as pybind11 expects of the types it binds.
+cxx_flags = ["-std=c++20", "-O3", "-fopenmp", "-fvisibility=hidden"]
+if build_with_cuda():
+    # Architectures: TORCH_CUDA_ARCH_LIST when set, else Ampere and Hopper.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    extension = CUDAExtension(
+        name="dropit._C",
+        sources=["src/dropit_ext.cpp", "src/cuda_instances.cu"],
+        include_dirs=[include_dir],
+        define_macros=[("DROPIT_TORCH_CUDA", "1")],
+        extra_compile_args={
+            "cxx": cxx_flags,
+            # torch turns off CUDA's half and bfloat16 operators for its own sources; dropit's
+            # kernels use them.
+            "nvcc": ["-std=c++20", "-O3", "-U__CUDA_NO_HALF_OPERATORS__",
+                     "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+                     "-U__CUDA_NO_HALF2_OPERATORS__"],
+        },
+        extra_link_args=["-fopenmp"],
+    )
+else:
+    extension = CppExtension(
+        name="dropit._C",
+        sources=["src/dropit_ext.cpp"],
+        include_dirs=[include_dir],
+        extra_compile_args=cxx_flags,
+        extra_link_args=["-fopenmp"],
+    )
+
 setup(
     name="dropit",
     version=project_version(),
     description="Drop intermediate tensors (DropIT) to cut the activation memory of training",
     packages=["dropit"],
     python_requires=">=3.9",
-    ext_modules=[
-        CppExtension(
-            name="dropit._C",
-            sources=["src/dropit_ext.cpp"],
-            include_dirs=[include_dir],
-            # C++20 for the library; OpenMP for its CPU backend (results do not depend on it);
-            # hidden visibility, as pybind11 expects of the types it binds.
-            extra_compile_args=["-std=c++20", "-O3", "-fopenmp", "-fvisibility=hidden"],
-            extra_link_args=["-fopenmp"],
-        )
-    ],
+    ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension},
 )

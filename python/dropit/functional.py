@@ -20,6 +20,8 @@ __all__ = ["Cache", "compress", "conv2d", "densify", "linear", "relu"]
 
 # The element types the library stores (float, half, bfloat16).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# The devices this build of the library takes.
+_DEVICES = ("cpu", "cuda") if _C.built_with_cuda else ("cpu",)
 
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
@@ -100,10 +102,11 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
 
 def relu(input: torch.Tensor) -> torch.Tensor:
     """ReLU that saves a 1-bit mask for backward instead of its output. Inputs the library does
-    not take (other dtypes, devices other than the CPU) get torch's own ReLU."""
+    not take (other dtypes; devices other than the CPU, and CUDA in a build with CUDA) get torch's
+    own ReLU."""
     if not (torch.is_grad_enabled() and input.requires_grad):
         return F.relu(input)
-    if input.dtype not in SUPPORTED_DTYPES or input.device.type != "cpu":
+    if input.dtype not in SUPPORTED_DTYPES or input.device.type not in _DEVICES:
         return F.relu(input)
     return _C.relu(input.contiguous())
 

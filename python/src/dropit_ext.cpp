@@ -157,6 +157,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("spec"), py::arg("input"),
       "Exact bytes of the cache `input` (its shape and dtype) would get under `spec`.");
 
+  // Whether this build takes CUDA tensors (it was compiled with the CUDA backend's instances).
+#if defined(DROPIT_TORCH_CUDA)
+  m.attr("built_with_cuda") = true;
+#else
+  m.attr("built_with_cuda") = false;
+#endif
   // The counting CPU allocator of the C++ side (installed as torch's CPU allocator on first use);
   // CUDA memory is read from torch's caching allocator in Python.
   py::class_<dt::MemoryMeter>(m, "CpuMemoryMeter")

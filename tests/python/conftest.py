@@ -11,3 +11,16 @@ torch = pytest.importorskip("torch", reason="Python's torch is not installed "
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+def _cuda_case():
+    """The CUDA case of a test: skipped, saying so, without a CUDA device. With one, a dropit built
+    without CUDA fails the test (its error names the missing backend)."""
+    return pytest.param("cuda", marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="no CUDA device: the CUDA case is skipped"))
+
+
+@pytest.fixture(params=["cpu", _cuda_case()])
+def device(request):
+    """The device a test runs on: the CPU, then CUDA where there is a device."""
+    return torch.device(request.param)

@@ -6,7 +6,7 @@ formulas), independently of the library and of the measurement: every distinct t
 Linear/Conv2d reads is, in the dense model, kept alive for backward; dropit keeps its cache
 instead, and a converted ReLU keeps a 1-bit mask instead of its output. The measured drop of the
 bytes held after forward must match that prediction within 10 % below (tensors the prediction
-does not know of) and 15 % above (allocator rounding of the dropped tensors).
+does not know of) and, on the CPU, 15 % above (allocator rounding of the dropped tensors).
 """
 
 import copy
@@ -30,9 +30,9 @@ MODELS = {
 def held_after_forward_and_step_peak(model, x):
     """(bytes the forward leaves allocated besides its output, peak bytes of the whole step)."""
     model.train()
-    with dropit.memory.measure("cpu") as forward:
+    with dropit.memory.measure(x.device) as forward:
         out = model(x)
-    with dropit.memory.measure("cpu") as backward:
+    with dropit.memory.measure(x.device) as backward:
         out.square().mean().backward()
     model.zero_grad(set_to_none=True)
     held = forward.retained_bytes - out.numel() * out.element_size()
@@ -67,22 +67,27 @@ def predicted_saving(model, x):
 
 
 @pytest.mark.parametrize("name", MODELS)
-def test_measured_saving_matches_the_encodings(name):
+def test_measured_saving_matches_the_encodings(name, device):
     make, shape = MODELS[name]
     torch.manual_seed(0)
-    dense = make()
+    dense = make().to(device)
     model = copy.deepcopy(dense)
     report = dropit.convert(model, gamma=0.9)
     assert report.converted
-    x = torch.randn(shape)
+    x = torch.randn(shape, device=device)
     for _ in range(2):  # the first step also allocates the parameters' gradients
         dense_held, dense_peak = held_after_forward_and_step_peak(dense, x)
         dropit_held, dropit_peak = held_after_forward_and_step_peak(model, x)
     expected = predicted_saving(model, x)
     saved = dense_held - dropit_held
-    print(f"{name}: held after forward {dropit_held / dense_held:.3f}x dense, "
+    print(f"{name} on {device}: held after forward {dropit_held / dense_held:.3f}x dense, "
           f"peak {dropit_peak / dense_peak:.3f}x dense, saving {saved} B, predicted {expected} B")
-    assert 0.9 * expected <= saved <= 1.15 * expected
+    assert saved >= 0.9 * expected
+    # On the CPU the prediction accounts for every tensor the dense model holds. On a GPU, torch's
+    # CUDA kernels save other tensors (attention, normalisation), some of which dropit's layers
+    # also release, so the saving may exceed the prediction there.
+    if device.type == "cpu":
+        assert saved <= 1.15 * expected
     # Backward allocates the same gradients either way and dropit's transient workspaces
     # (densified inputs, one layer at a time) must not undo what the caches saved.
     assert dropit_peak < dense_peak
