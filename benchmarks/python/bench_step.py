@@ -15,6 +15,7 @@ round's ratio to dense. Peak memory is measured at the allocator (dropit.memory)
 allocates above what was live before it.
 
     python3 benchmarks/python/bench_step.py [--rounds 30] [--output-dir benchmarks/results]
+    python3 benchmarks/python/bench_step.py --device cuda --batch 128 --autocast bfloat16
 """
 
 import argparse
@@ -47,7 +48,7 @@ def _top_k(x: torch.Tensor, gamma: float):
 
 def _scatter(values, indices, shape, like):
     dense = torch.zeros(shape, dtype=like.dtype, device=like.device)
-    dense.view(-1)[indices.long()] = values
+    dense.view(-1)[indices.long()] = values.to(dense.dtype)
     return dense
 
 
@@ -62,6 +63,7 @@ class _PaperLinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz):
         values, indices, weight = ctx.saved_tensors
+        weight = weight.to(dz.dtype)  # under autocast, forward ran in dz's dtype
         x = _scatter(values, indices, ctx.shape, dz)
         dz2 = dz.reshape(-1, dz.shape[-1])
         dw = dz2.t() @ x.reshape(-1, x.shape[-1])
@@ -81,6 +83,7 @@ class _PaperConv2dFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dz):
         values, indices, weight = ctx.saved_tensors
+        weight = weight.to(dz.dtype)  # under autocast, forward ran in dz's dtype
         stride, padding, dilation, groups = ctx.conv
         dx = torch.nn.grad.conv2d_input(ctx.shape, weight, dz, stride, padding, dilation, groups)
         x = _scatter(values, indices, ctx.shape, dz)
@@ -167,35 +170,64 @@ def variants(make, gamma):
     return out
 
 
-def step(model, optimizer, x, y):
-    start = time.perf_counter()
-    with dropit.memory.measure("cpu") as memory:
-        loss = F.cross_entropy(model(x), y)
+class Timer:
+    """Wall time of a block on the CPU; on a GPU, the time its stream took (CUDA events)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def __enter__(self):
+        if self.cuda:
+            self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+            self.events[0].record()
+        else:
+            self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        if self.cuda:
+            self.events[1].record()
+            self.events[1].synchronize()
+            self.seconds = self.events[0].elapsed_time(self.events[1]) / 1000
+        else:
+            self.seconds = time.perf_counter() - self.start
+
+
+def step(model, optimizer, x, y, amp_dtype):
+    """(seconds, peak bytes above what was live before the step, bytes forward left allocated:
+    what the model saved for backward, the activation memory dropit shrinks)."""
+    with dropit.memory.measure(x.device) as memory, Timer(x.device) as timer:
+        before = dropit.memory.live_bytes(x.device)  # bookkeeping only: no synchronisation
+        with torch.autocast(x.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        held = dropit.memory.live_bytes(x.device) - before
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-    return time.perf_counter() - start, memory.peak_bytes
+    return timer.seconds, memory.peak_bytes, held
 
 
-def bench(name, batch, rounds, warmup, gamma):
+def bench(name, batch, rounds, warmup, gamma, device, amp_dtype):
     make = MODELS[name]
-    models = variants(make, gamma)
+    models = {v: m.to(device) for v, m in variants(make, gamma).items()}
     _, shape = make()
     generator = torch.Generator().manual_seed(1)
-    x = torch.randn((batch,) + shape, generator=generator)
-    y = torch.randint(0, 10, (batch,), generator=generator)
+    x = torch.randn((batch,) + shape, generator=generator).to(device)
+    y = torch.randint(0, 10, (batch,), generator=generator).to(device)
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
                   for v, m in models.items()}
     for m in models.values():
         m.train()
     times = {v: [] for v in models}
     peaks = {v: [] for v in models}
+    helds = {v: [] for v in models}
     for r in range(warmup + rounds):
         for v, m in models.items():
-            seconds, peak = step(m, optimizers[v], x, y)
+            seconds, peak, held = step(m, optimizers[v], x, y, amp_dtype)
             if r >= warmup:
                 times[v].append(seconds)
                 peaks[v].append(peak)
+                helds[v].append(held)
     result = {}
     for v in models:
         result[v] = {
@@ -203,11 +235,15 @@ def bench(name, batch, rounds, warmup, gamma):
             "time_ratio": statistics.median(a / b for a, b in zip(times[v], times["dense"])),
             "peak_bytes": max(peaks[v]),
             "peak_ratio": max(peaks[v]) / max(peaks["dense"]),
+            "held_after_forward_bytes": max(helds[v]),
+            "held_ratio": max(helds[v]) / max(helds["dense"]),
         }
     return result
 
 
-def machine():
+def machine(device):
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
     model = platform.processor() or "cpu"
     try:
         with open("/proc/cpuinfo") as f:
@@ -224,27 +260,39 @@ def main():
     parser.add_argument("--gamma", type=float, default=0.9)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--autocast", default="", choices=["", "bfloat16", "float16"],
+                        help="train under autocast to this dtype")
     parser.add_argument("--label", default="", help="file name suffix, e.g. amd-epyc-2c")
     parser.add_argument("--output-dir", default="")
     parser.add_argument("--note", default="", help="a line on the run's conditions, kept with it")
     args = parser.parse_args()
 
-    results = {"machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "batch": args.batch, "gamma": args.gamma, "rounds": args.rounds, "note": args.note,
+    device = torch.device(args.device)
+    amp_dtype = getattr(torch, args.autocast) if args.autocast else None
+    results = {"machine": machine(device), "torch": torch.__version__,
+               "threads": torch.get_num_threads(), "device": args.device,
+               "autocast": args.autocast or None, "batch": args.batch, "gamma": args.gamma,
+               "rounds": args.rounds, "note": args.note,
                "command": "python3 benchmarks/python/bench_step.py " + " ".join(sys.argv[1:]),
                "models": {}}
+    where = (f"{results['threads']} CPU threads" if device.type == "cpu"
+             else "step time from CUDA events")
     lines = [f"Training step, batch {args.batch}, gamma {args.gamma}, {args.rounds} interleaved "
-             f"rounds; {results['machine']}, torch {torch.__version__}, "
-             f"{results['threads']} threads.",
+             f"rounds" + (f", autocast {args.autocast}" if args.autocast else "") +
+             f"; {results['machine']}, torch {torch.__version__}, {where}.",
              f"Command: `{results['command']}`." + (f" {args.note}" if args.note else ""), "",
-             "| model | variant | median step | time vs dense | peak step memory | peak vs dense |",
-             "|---|---|---:|---:|---:|---:|"]
+             "| model | variant | median step | time vs dense | peak step memory | peak vs dense "
+             "| held after forward | held vs dense |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for name in args.models:
-        result = bench(name, args.batch, args.rounds, args.warmup, args.gamma)
+        result = bench(name, args.batch, args.rounds, args.warmup, args.gamma, device, amp_dtype)
         results["models"][name] = result
         for v, r in result.items():
             lines.append(f"| {name} | {v} | {r['median_step_ms']:.1f} ms | {r['time_ratio']:.2f}x | "
-                         f"{r['peak_bytes'] / 2**20:.1f} MiB | {r['peak_ratio']:.2f}x |")
+                         f"{r['peak_bytes'] / 2**20:.1f} MiB | {r['peak_ratio']:.2f}x | "
+                         f"{r['held_after_forward_bytes'] / 2**20:.1f} MiB | "
+                         f"{r['held_ratio']:.2f}x |")
     table = "\n".join(lines)
     print(table)
     if args.output_dir:
