@@ -18,8 +18,9 @@
 #include "../dropit.hpp"
 #include "compat.hpp"
 
-// DROPIT_TORCH_CUDA: the program links the CUDA backend's instances (CMake target
-// dropit::torch_cuda; the Python package when built with CUDA), so CUDA tensors are supported.
+// DROPIT_TORCH_CUDA: the program links the CUDA backend's instances (dropit/cuda_instances.cu,
+// CMake target dropit::cuda_instances; the Python package builds them when it builds with CUDA),
+// so CUDA tensors are supported.
 #if defined(DROPIT_TORCH_CUDA)
 #include <c10/cuda/CUDAStream.h>
 
@@ -68,7 +69,8 @@ inline constexpr const char* supported_devices = "CPU and CUDA tensors";
 #else
 using device_backend = std::variant<cpu_backend>;
 inline constexpr const char* supported_devices =
-    "CPU tensors (it was built without the CUDA backend: link dropit::torch_cuda)";
+    "CPU tensors (it was built without the CUDA backend: define DROPIT_TORCH_CUDA and link "
+    "dropit::cuda_instances)";
 #endif
 
 /// The backend for tensors on `t`'s device. The CPU backend uses torch's intra-op thread count, so
@@ -269,8 +271,8 @@ inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz)
   dropit::detail::expect(cache.values.device() == dz.device(), "cache is on ",
                          cache.values.device().str(), " but dZ on ", dz.device().str());
   dropit::detail::expect(cache.values.scalar_type() == dz.scalar_type(), "cache holds ",
-                         c10::toString(cache.values.scalar_type()), " but dZ is ",
-                         c10::toString(dz.scalar_type()));
+                         name_of(cache.layout.type), " but dZ is ",
+                         name_of(element_type_of_dtype(dz.scalar_type(), "dZ")));
 }
 
 // The weight gradients. On the CPU, dropit's kernels read the cache directly. On a GPU the cache is
