@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "../config.hpp"
 #include "compat.hpp"
 
 namespace dropit::torch {
