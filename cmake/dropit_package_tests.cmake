@@ -7,7 +7,13 @@ if(NOT DROPIT_TEST_PACKAGE)
   return()
 endif()
 
-foreach(mode IN ITEMS find_package find_package_no_openmp add_subdirectory fetchcontent)
+set(_dropit_package_modes find_package find_package_no_openmp add_subdirectory fetchcontent)
+if(TARGET dropit::torch)
+  list(APPEND _dropit_package_modes add_subdirectory_torch)
+  # The prefix LibTorch was found in, for a consumer that does not look for it itself.
+  get_filename_component(_dropit_torch_prefix "${Torch_DIR}/../../.." ABSOLUTE)
+endif()
+foreach(mode IN LISTS _dropit_package_modes)
   add_test(NAME package.${mode}
     COMMAND ${CMAKE_COMMAND}
       -DMODE=${mode}
@@ -19,6 +25,7 @@ foreach(mode IN ITEMS find_package find_package_no_openmp add_subdirectory fetch
       -DCTEST_COMMAND=${CMAKE_CTEST_COMMAND}
       -DVERSION=${PROJECT_VERSION}
       -DEXPECT_OPENMP=${DROPIT_OPENMP_LINKED}
+      -DTORCH_PREFIX=${_dropit_torch_prefix}
       -P ${PROJECT_SOURCE_DIR}/tests/package/check_consumer.cmake)
   set_tests_properties(package.${mode} PROPERTIES LABELS package TIMEOUT 600)
 endforeach()

@@ -11,7 +11,18 @@ option(DROPIT_BUILD_TORCH "Build dropit::torch and its tests and examples (needs
        ${_dropit_torch_default})
 
 if(DROPIT_BUILD_TORCH)
-  find_package(Torch REQUIRED)
+  if(NOT TARGET torch)
+    # Imported targets are visible only in the directory that found them. A project embedding
+    # dropit (add_subdirectory, FetchContent) that did not find Torch itself links dropit::torch
+    # from its own directories, so the targets this finds are made global.
+    get_property(_dropit_before DIRECTORY PROPERTY IMPORTED_TARGETS)
+    find_package(Torch REQUIRED)
+    get_property(_dropit_after DIRECTORY PROPERTY IMPORTED_TARGETS)
+    list(REMOVE_ITEM _dropit_after ${_dropit_before})
+    foreach(target IN LISTS _dropit_after)
+      set_target_properties(${target} PROPERTIES IMPORTED_GLOBAL TRUE)
+    endforeach()
+  endif()
   add_library(dropit_torch INTERFACE)
   add_library(dropit::torch ALIAS dropit_torch)
   set_target_properties(dropit_torch PROPERTIES EXPORT_NAME torch)

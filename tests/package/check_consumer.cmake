@@ -4,10 +4,12 @@
 #   find_package_no_openmp   the same with DROPIT_USE_OPENMP=OFF: the installed config must not
 #                            need OpenMP and the consumer must not get it
 #   add_subdirectory         add_subdirectory(<source tree>)
+#   add_subdirectory_torch   the same with DROPIT_BUILD_TORCH ON, the consumer not finding Torch
+#                            itself, and a second program using dropit::torch
 #   fetchcontent             FetchContent with FETCHCONTENT_SOURCE_DIR_DROPIT=<source tree>
 #
 # Inputs (-D): MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER CTEST_COMMAND VERSION EXPECT_OPENMP,
-# optional MAKE_PROGRAM. WORK_DIR is wiped first.
+# optional MAKE_PROGRAM and TORCH_PREFIX (add_subdirectory_torch). WORK_DIR is wiped first.
 cmake_minimum_required(VERSION 3.21)
 
 foreach(var MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER CTEST_COMMAND VERSION)
@@ -88,9 +90,12 @@ if(MODE MATCHES "^find_package")
 
   list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=find_package "-DCMAKE_PREFIX_PATH=${prefix}"
        "-DDROPIT_EXPECT_VERSION=${VERSION}" "-DDROPIT_EXPECT_DIR=${config_dir}")
-elseif(MODE STREQUAL "add_subdirectory")
-  list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=add_subdirectory
-       "-DDROPIT_SOURCE_DIR=${SOURCE_DIR}")
+elseif(MODE MATCHES "^add_subdirectory")
+  list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=${MODE} "-DDROPIT_SOURCE_DIR=${SOURCE_DIR}")
+  if(MODE STREQUAL "add_subdirectory_torch")
+    # Where the parent build found LibTorch; the consumer passes it on without find_package.
+    list(APPEND consumer_args "-DCMAKE_PREFIX_PATH=${TORCH_PREFIX}")
+  endif()
 elseif(MODE STREQUAL "fetchcontent")
   list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=fetchcontent
        "-DFETCHCONTENT_SOURCE_DIR_DROPIT=${SOURCE_DIR}" -DFETCHCONTENT_QUIET=OFF)
@@ -106,7 +111,7 @@ step("${CTEST_COMMAND}" --test-dir "${consumer_build}" -C ${build_type} --output
      --verbose)
 string(REGEX MATCH "dropit [^\n]* consumer: [^\n]*" summary "${step_output}")
 
-if(MODE STREQUAL "add_subdirectory" OR MODE STREQUAL "fetchcontent")
+if(MODE MATCHES "^add_subdirectory" OR MODE STREQUAL "fetchcontent")
   # An embedded dropit installs nothing unless asked (DROPIT_INSTALL).
   step("${CMAKE_COMMAND}" --install "${consumer_build}" --prefix "${WORK_DIR}/consumer-prefix"
        --config ${build_type})
