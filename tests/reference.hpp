@@ -171,7 +171,7 @@ std::vector<T> kept_values(const std::vector<T>& x, const std::vector<bool>& mas
 }
 
 // ---------------------------------------------------------------------------------------------
-// Encoded sizes, from the table in DESIGN.md.
+// Encoded sizes, from the README's table "Memory per cached element".
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

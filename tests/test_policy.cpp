@@ -1,5 +1,5 @@
 // k(n), plan_cache and the byte counts of every encoding, checked against formulas written from
-// DESIGN.md's encoding table.
+// the README's table "Memory per cached element".
 
 #include <limits>
 #include <random>

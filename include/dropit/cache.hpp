@@ -7,13 +7,12 @@
 /// Storage is two buffers. `values` holds the kept elements in the input's type, in ascending
 /// position order. `positions` encodes where they were, as compactly as the policy allows:
 ///
-/// | encoding       | used for                          | position bytes                       |
-/// |----------------|-----------------------------------|--------------------------------------|
-/// | `bitmask`      | min-k, chunked min-k              | one bit per element, 32-bit words per
-/// chunk | | `offsets`      | min-k, chunked min-k              | 2 bytes per kept value (4 for
-/// min-k over > 2^16 elements) | | `seeded`       | random (element and channel)      | none:
-/// positions are regenerated      | | `channel_list` | min-k, channel granularity        | 4 bytes
-/// per kept channel             |
+/// | encoding       | used for                   | position bytes                              |
+/// |----------------|----------------------------|---------------------------------------------|
+/// | `bitmask`      | min-k, chunked min-k       | 1 bit per element, 32-bit words per chunk   |
+/// | `offsets`      | min-k, chunked min-k       | 2 bytes per kept value (4: min-k, n > 2^16) |
+/// | `seeded`       | random (element, channel)  | none: positions are regenerated             |
+/// | `channel_list` | min-k, channel granularity | 4 bytes per kept channel                    |
 ///
 /// For min-k the smaller of bitmask and offsets is chosen (bitmask on a tie).
 

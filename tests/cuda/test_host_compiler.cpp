@@ -1,6 +1,7 @@
 // The CUDA backend reached from code compiled by the host compiler, as the LibTorch adapters reach
-// it: through cuda.hpp and the instances dropit::cuda_instances compiles with nvcc. For each storage
-// type and selection, the device cache and its densified tensor equal the CPU backend's bit for bit.
+// it: through cuda.hpp and the instances dropit::cuda_instances compiles with nvcc. For each
+// storage type and selection, the device cache and its densified tensor equal the CPU backend's bit
+// for bit.
 
 #include <cuda_runtime_api.h>
 #include <doctest/doctest.h>
@@ -15,7 +16,9 @@ namespace {
 struct device_bytes {
   void* data = nullptr;
   std::size_t size;
-  explicit device_bytes(std::size_t n) : size(n) { REQUIRE(cudaMalloc(&data, n + 1) == cudaSuccess); }
+  explicit device_bytes(std::size_t n) : size(n) {
+    REQUIRE(cudaMalloc(&data, n + 1) == cudaSuccess);
+  }
   ~device_bytes() { cudaFree(data); }
   device_bytes(const device_bytes&) = delete;
   device_bytes& operator=(const device_bytes&) = delete;
@@ -72,7 +75,8 @@ TEST_CASE_TEMPLATE("cuda from the host compiler: compress and densify equal the 
         densify_scratch(densify_workspace_bytes<T>(gpu, layout));
     REQUIRE(cudaMemcpy(input.data, x.data(), input.size, cudaMemcpyHostToDevice) == cudaSuccess);
     compress<T>(gpu, tensor_view<const T>{static_cast<const T*>(input.data), s},
-                cache_view<T>{layout, static_cast<T*>(values.data), positions.data}, scratch.span());
+                cache_view<T>{layout, static_cast<T*>(values.data), positions.data},
+                scratch.span());
     densify<T>(gpu, cache_view<const T>{layout, static_cast<const T*>(values.data), positions.data},
                tensor_view<T>{static_cast<T*>(dense.data), s}, densify_scratch.span());
     REQUIRE(cudaDeviceSynchronize() == cudaSuccess);

@@ -121,8 +121,8 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     if (!dz.device().is_cpu()) {
       // On a GPU both gradients come from one cuDNN call, the densified cache standing in for the
       // dropped input (the input gradient reads only its shape).
-      const at::Tensor input = want_weight ? densify(detail::load_cache(saved))
-                                           : at::empty(input_sizes, dz.options());
+      const at::Tensor input =
+          want_weight ? densify(detail::load_cache(saved)) : at::empty(input_sizes, dz.options());
       std::tie(d_input, d_weight, std::ignore) =
           dense_conv2d_backward(dz, input, weight, params, {want_input, want_weight, false});
     } else {
