@@ -1,6 +1,11 @@
 // The CPU backend: results identical bit for bit whatever the thread count, and the expert
 // overloads working in exactly the workspace their size queries report.
 
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+
 #include "helpers.hpp"
 
 namespace {
@@ -37,18 +42,35 @@ run_result run_everything(const cpu_backend& backend, const P& p, const std::vec
 
 }  // namespace
 
-TEST_CASE("the backend honours the requested thread count") {
-#if defined(_OPENMP)
-  CHECK(cpu_backend{3}.thread_count() == 3);
-  CHECK(cpu_backend{}.thread_count() >= 1);
-#else
-  CHECK(cpu_backend{3}.thread_count() == 1);  // without OpenMP everything runs serially
-#endif
-#if defined(DROPIT_TESTS_EXPECT_OPENMP)
-#if !defined(_OPENMP)
+TEST_CASE("the backend runs on the thread count it was given") {
+#if defined(DROPIT_TESTS_EXPECT_OPENMP) && !defined(_OPENMP)
   FAIL("this test executable should be built with OpenMP");
 #endif
+  // The threads that really ran the items: their numbers and the size of their team. Each item
+  // takes a millisecond, so that every thread of the team gets some.
+  for (const int requested : {1, 3}) {
+    CAPTURE(requested);
+    std::mutex mutex;
+    std::set<int> threads_seen;
+    int team_size = 1;
+    dropit::detail::cpu::parallel_for(cpu_backend{requested}, 48, [&](std::int64_t, int thread) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      const std::lock_guard<std::mutex> lock(mutex);
+      threads_seen.insert(thread);
+#if defined(_OPENMP)
+      team_size = omp_get_num_threads();
 #endif
+    });
+#if defined(_OPENMP)
+    CHECK(team_size == requested);
+    CHECK(threads_seen.size() == static_cast<std::size_t>(requested));
+    CHECK(*threads_seen.rbegin() == requested - 1);
+#else
+    // Without OpenMP everything runs serially.
+    CHECK(team_size == 1);
+    CHECK(threads_seen == std::set<int>{0});
+#endif
+  }
 }
 
 TEST_CASE_TEMPLATE("results are identical bit for bit with 1, 2, 3 or 4 threads", T, float, half,
