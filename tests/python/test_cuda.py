@@ -15,21 +15,15 @@ import pytest
 import torch
 
 import dropit
+from cases import DTYPES, POLICIES
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the CUDA tests are skipped", allow_module_level=True)
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
 
-POLICIES = [
-    dict(policy="chunked_min_k", chunk_size=256),
-    dict(policy="chunked_min_k", chunk_size=4096),
-    dict(policy="min_k"),
-    dict(policy="min_k", granularity="channel"),
-    dict(policy="random", chunk_size=128, seed=7),
-    dict(policy="random", chunk_size=128, seed=7, rescale=True),
-]
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# The shared cases, and chunked min-k with longer chunks.
+POLICIES = POLICIES + [dict(policy="chunked_min_k", chunk_size=4096)]
 # Shapes with a partial last chunk, one smaller than a chunk, and an empty one.
 SHAPES = [(4, 16, 9, 9), (3, 1000), (5,), (0, 8)]
 

@@ -13,16 +13,7 @@ from torch import nn
 
 import dropit
 from cache_sizes import relu_mask_bytes
-
-POLICIES = [
-    dict(policy="chunked_min_k", chunk_size=256),
-    dict(policy="min_k"),
-    dict(policy="min_k", granularity="channel"),
-    dict(policy="random", chunk_size=128, seed=7),
-    dict(policy="random", chunk_size=128, seed=7, rescale=True),
-]
-
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+from cases import DTYPES, POLICIES
 
 
 def tolerance(dtype, scale):
