@@ -51,13 +51,12 @@ def build_with_cuda():
 # C++20 for the library; OpenMP for its CPU backend (results do not depend on it); hidden
 # visibility, as pybind11 expects of the types it binds.
 cxx_flags = ["-std=c++20", "-O3", "-fopenmp", "-fvisibility=hidden"]
+common = dict(name="dropit._C", include_dirs=[include_dir], extra_link_args=["-fopenmp"])
 if build_with_cuda():
     # Architectures: TORCH_CUDA_ARCH_LIST when set, else Ampere and Hopper.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     extension = CUDAExtension(
-        name="dropit._C",
         sources=["src/dropit_ext.cpp", "src/cuda_instances.cu"],
-        include_dirs=[include_dir],
         define_macros=[("DROPIT_TORCH_CUDA", "1")],
         extra_compile_args={
             "cxx": cxx_flags,
@@ -67,16 +66,10 @@ if build_with_cuda():
                      "-U__CUDA_NO_HALF_CONVERSIONS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
                      "-U__CUDA_NO_HALF2_OPERATORS__"],
         },
-        extra_link_args=["-fopenmp"],
+        **common,
     )
 else:
-    extension = CppExtension(
-        name="dropit._C",
-        sources=["src/dropit_ext.cpp"],
-        include_dirs=[include_dir],
-        extra_compile_args=cxx_flags,
-        extra_link_args=["-fopenmp"],
-    )
+    extension = CppExtension(sources=["src/dropit_ext.cpp"], extra_compile_args=cxx_flags, **common)
 
 setup(
     name="dropit",

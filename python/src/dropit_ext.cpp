@@ -47,27 +47,6 @@ at::Tensor bias_argument(const std::optional<at::Tensor>& bias, const at::Tensor
   return dt::compat::optional_argument(bias.value_or(at::Tensor()), weight);
 }
 
-dropit::conv2d_params conv2d_params_of(const std::vector<std::int64_t>& stride,
-                                       const std::vector<std::int64_t>& padding,
-                                       const std::vector<std::int64_t>& dilation,
-                                       std::int64_t groups) {
-  const auto expect_pair = [](const std::vector<std::int64_t>& v, const char* what) {
-    dropit::detail::expect(v.size() == 2, "conv2d ", what, " has ", v.size(),
-                           " values; expected 2");
-  };
-  expect_pair(stride, "stride");
-  expect_pair(padding, "padding");
-  expect_pair(dilation, "dilation");
-  dropit::conv2d_params params;
-  for (int i = 0; i < 2; ++i) {
-    params.stride[i] = stride[i];
-    params.padding[i] = padding[i];
-    params.dilation[i] = dilation[i];
-  }
-  params.groups = groups;
-  return params;
-}
-
 py::dict describe(const layout_words& words) {
   const dropit::cache_layout layout = dt::saved_cache::unpack_layout(words);
   py::dict info;
@@ -111,7 +90,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
          const std::vector<std::int64_t>& dilation, std::int64_t groups,
          const dropit::policy_spec& spec) {
         return dt::Conv2dFunction::apply(input, weight, bias_argument(bias, weight),
-                                         conv2d_params_of(stride, padding, dilation, groups),
+                                         dt::conv2d_params_of(stride, padding, dilation, groups),
                                          spec);
       },
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),

@@ -98,21 +98,22 @@ def test_training_step_never_synchronises_the_device():
     torch.cuda.synchronize()
 
 
-def test_work_is_ordered_on_torchs_current_stream():
-    layer = dropit.nn.Conv2d(8, 8, 3, padding=1, gamma=0.9).cuda()
-    x = torch.randn(16, 8, 32, 32, device="cuda")
-    expected_y = layer(x)
-    expected_y.square().sum().backward()
-    expected_grad = layer.weight.grad.clone()
-    layer.weight.grad = None
+def test_work_runs_on_torchs_current_stream():
+    # A side stream is kept busy and only then fills x. Torch's streams do not wait for the legacy
+    # default stream nor it for them, so compress sees x's values only if it runs on the side
+    # stream, the current one, after the fill; anywhere else it would read zeros.
+    source = torch.randn(1 << 20)
+    expected = dropit.functional.densify(dropit.functional.compress(source, gamma=0.5))
+    source_gpu = source.cuda()
+    torch.cuda.synchronize()
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        y = layer(x)
-        y.square().sum().backward()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.testing.assert_close(y, expected_y)
-    torch.testing.assert_close(layer.weight.grad, expected_grad)
+        x = torch.zeros_like(source_gpu)
+        torch.cuda._sleep(100_000_000)  # tens of milliseconds of GPU time
+        x.copy_(source_gpu)
+        dense = dropit.functional.densify(dropit.functional.compress(x, gamma=0.5))
+    stream.synchronize()
+    assert torch.equal(dense.cpu(), expected)
 
 
 def test_cache_and_gradient_on_different_devices_are_refused():

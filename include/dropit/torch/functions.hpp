@@ -88,15 +88,14 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
                            weight.size(1) * params.groups);
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = input.sizes().vec();
-    ctx->saved_data["stride"] = std::vector<std::int64_t>{params.stride[0], params.stride[1]};
-    ctx->saved_data["padding"] = std::vector<std::int64_t>{params.padding[0], params.padding[1]};
-    ctx->saved_data["dilation"] = std::vector<std::int64_t>{params.dilation[0], params.dilation[1]};
+    ctx->saved_data["stride"] = torch_pair(params.stride);
+    ctx->saved_data["padding"] = torch_pair(params.padding);
+    ctx->saved_data["dilation"] = torch_pair(params.dilation);
     ctx->saved_data["groups"] = params.groups;
     const saved_cache cache = weight.requires_grad() ? compress(input, spec) : saved_cache{};
     detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
-    return at::conv2d(input, weight, bias, {params.stride[0], params.stride[1]},
-                      {params.padding[0], params.padding[1]},
-                      {params.dilation[0], params.dilation[1]}, params.groups);
+    return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
+                      torch_pair(params.dilation), params.groups);
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
@@ -105,17 +104,9 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     const at::Tensor& weight = saved[0];
     const at::Tensor dz = grads[0].contiguous();
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
-    const auto stride = ctx->saved_data["stride"].toIntVector();
-    const auto padding = ctx->saved_data["padding"].toIntVector();
-    const auto dilation = ctx->saved_data["dilation"].toIntVector();
-    const std::int64_t groups = ctx->saved_data["groups"].toInt();
-    conv2d_params params;
-    for (int i = 0; i < 2; ++i) {
-      params.stride[i] = stride[i];
-      params.padding[i] = padding[i];
-      params.dilation[i] = dilation[i];
-    }
-    params.groups = groups;
+    const conv2d_params params = conv2d_params_of(
+        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     at::Tensor d_input, d_weight, d_bias;
     if (!dz.device().is_cpu()) {

@@ -159,9 +159,8 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
       return Conv2dFunction::apply(input, weight, compat::optional_argument(bias, weight), params_,
                                    dropit.spec(1, calls_++));
-    return at::conv2d(input, weight, bias, {params_.stride[0], params_.stride[1]},
-                      {params_.padding[0], params_.padding[1]},
-                      {params_.dilation[0], params_.dilation[1]}, params_.groups);
+    return at::conv2d(input, weight, bias, torch_pair(params_.stride), torch_pair(params_.padding),
+                      torch_pair(params_.dilation), params_.groups);
   }
 
   void pretty_print(std::ostream& stream) const override {

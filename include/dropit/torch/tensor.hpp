@@ -307,14 +307,38 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
   return dw;
 }
 
+/// conv2d parameters from torch's lists, two values each (other lengths raise `dropit::error`).
+inline conv2d_params conv2d_params_of(at::IntArrayRef stride, at::IntArrayRef padding,
+                                      at::IntArrayRef dilation, std::int64_t groups) {
+  const auto expect_pair = [](at::IntArrayRef v, const char* what) {
+    dropit::detail::expect(v.size() == 2, "conv2d ", what, " has ", v.size(),
+                           " values; expected 2");
+  };
+  expect_pair(stride, "stride");
+  expect_pair(padding, "padding");
+  expect_pair(dilation, "dilation");
+  conv2d_params params;
+  for (int i = 0; i < 2; ++i) {
+    params.stride[i] = stride[i];
+    params.padding[i] = padding[i];
+    params.dilation[i] = dilation[i];
+  }
+  params.groups = groups;
+  return params;
+}
+
+/// One of `conv2d_params`' pairs as torch's list.
+inline std::vector<std::int64_t> torch_pair(const std::int64_t (&pair)[2]) {
+  return {pair[0], pair[1]};
+}
+
 /// torch's conv2d backward (cuDNN on a GPU) for the gradients `wanted` selects (input, weight,
 /// bias), with `input` the layer's input or a tensor of its shape when only dX is wanted.
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_conv2d_backward(
     const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
     const conv2d_params& params, std::array<bool, 3> wanted) {
-  const auto pair = [](const std::int64_t* v) { return std::vector<std::int64_t>{v[0], v[1]}; };
-  return at::convolution_backward(dz, input, weight, c10::nullopt, pair(params.stride),
-                                  pair(params.padding), pair(params.dilation),
+  return at::convolution_backward(dz, input, weight, c10::nullopt, torch_pair(params.stride),
+                                  torch_pair(params.padding), torch_pair(params.dilation),
                                   /*transposed=*/false, {0, 0}, params.groups, wanted);
 }
 
