@@ -103,6 +103,9 @@ array<T> normal_array(std::int64_t n, std::uint64_t seed) {
 /// Parallel std::memcpy over the benchmark threads (contiguous slices, one per thread).
 void parallel_memcpy(void* destination, const void* source, std::size_t bytes);
 
+/// Reads `bytes` (a multiple of 8) once on the benchmark threads: the floor for any pass over them.
+std::uint64_t parallel_read(const void* source, std::size_t bytes);
+
 /// The policies under test, as names and as a runtime description turned into a cache layout.
 enum class policy_kind {
   random_element,

@@ -1,4 +1,5 @@
-// compress and densify of every policy against a memcpy of the same bytes.
+// compress and densify of every policy against a memcpy of the same bytes and a read-only pass
+// over them.
 //
 // Inputs are viewed as [N / 2^18, 256, 32, 32], an NCHW activation: element policies see the
 // flattened tensor, channel policies select among the 256 channels (axis 1). All buffers are
@@ -58,6 +59,17 @@ void memcpy_case(benchmark::State& state, std::int64_t n, bool threaded) {
   set_bytes<T>(state, n);
 }
 
+/// Baseline: the input read once on the benchmark threads, nothing written.
+template <class T>
+void read_case(benchmark::State& state, std::int64_t n) {
+  const T* input = shared_input<T>::get(n);
+  for (auto _ : state) {
+    std::uint64_t checksum = parallel_read(input, static_cast<std::size_t>(n) * sizeof(T));
+    benchmark::DoNotOptimize(checksum);
+  }
+  set_bytes<T>(state, n);
+}
+
 template <class T>
 void compress_case(benchmark::State& state, policy_spec spec, std::int64_t n) {
   const auto backend = bench::backend();
@@ -105,6 +117,7 @@ void register_baselines(std::int64_t n) {
   const auto size = param("N", n);
   add(join({"memcpy", dtype, size}), [n](benchmark::State& s) { memcpy_case<T>(s, n, true); });
   add(join({"memcpy_1t", dtype, size}), [n](benchmark::State& s) { memcpy_case<T>(s, n, false); });
+  add(join({"read", dtype, size}), [n](benchmark::State& s) { read_case<T>(s, n); });
 }
 
 template <class T>

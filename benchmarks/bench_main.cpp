@@ -90,6 +90,26 @@ void parallel_memcpy(void* destination, const void* source, std::size_t bytes) {
   }
 }
 
+std::uint64_t parallel_read(const void* source, std::size_t bytes) {
+  const auto slices = static_cast<std::size_t>(thread_count());
+  const std::size_t words = bytes / 8;
+  const std::size_t slice = (words / slices + 7) / 8 * 8;  // cache-line aligned boundaries
+  std::uint64_t total = 0;
+#pragma omp parallel for num_threads(thread_count()) schedule(static, 1) reduction(+ : total)
+  for (std::size_t t = 0; t < slices; ++t) {
+    const std::size_t begin = std::min(words, t * slice);
+    const std::size_t end = t + 1 == slices ? words : std::min(words, begin + slice);
+    std::uint64_t sum = 0;
+    for (std::size_t i = begin; i < end; ++i) {
+      std::uint64_t word;
+      std::memcpy(&word, static_cast<const char*>(source) + i * 8, 8);
+      sum += word;
+    }
+    total += sum;
+  }
+  return total;
+}
+
 dropit::cache_layout plan(const policy_spec& spec, const dropit::shape& shape,
                           dropit::element_type type, int channel_axis) {
   using namespace dropit;
@@ -169,6 +189,8 @@ int main(int argc, char** argv) {
   const std::string count = std::to_string(threads);
   benchmark::AddCustomContext("cpu_model", cpu_model());
   benchmark::AddCustomContext("threads", count);
+  benchmark::AddCustomContext(
+      "cpu_isa", dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
   benchmark::AddCustomContext(
       "threading", "dropit cpu_backend{" + count +
                        "} (OpenMP), OpenBLAS openblas_set_num_threads(" + count + ") (reads back " +

@@ -221,3 +221,24 @@ TEST_CASE("a workspace at any address works: the size query covers the alignment
     CHECK_BITS_EQUAL(got, expected);
   }
 }
+
+TEST_CASE("the CPU loops run the instruction set DROPIT_CPU_ISA allows, at most") {
+  using dropit::detail::cpu::cpu_isa;
+  const cpu_isa active = dropit::detail::cpu::active_cpu_isa();
+  const char* cap = std::getenv("DROPIT_CPU_ISA");
+  CAPTURE(dropit::detail::cpu::name_of(active));
+  CAPTURE((cap ? cap : "(unset)"));
+  const std::string_view requested = cap ? cap : "";
+  if (requested == "generic") CHECK(active == cpu_isa::generic);
+  if (requested == "avx2") CHECK(active != cpu_isa::avx512);
+#if defined(__GNUC__) && defined(__x86_64__)
+  // Without a cap, the widest set this processor has (checked independently of the detection).
+  if (requested.empty()) {
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512dq");
+    CHECK(active == (avx512 ? cpu_isa::avx512 : avx2 ? cpu_isa::avx2 : cpu_isa::generic));
+  }
+#endif
+}

@@ -48,6 +48,36 @@ TEST_CASE_TEMPLATE("ReLU mask packs !(y <= 0) and backward keeps dy only there",
   }
 }
 
+TEST_CASE_TEMPLATE("ReLU forward with its mask: relu(x) and the mask of relu(x) in one pass", T,
+                   float, half, bfloat16) {
+  for (std::int64_t n : {0, 1, 31, 33, 1000, 4096 * 32 + 77}) {
+    CAPTURE(n);
+    const auto x = test::nasty_values<T>(n, static_cast<std::uint64_t>(n) + 5);
+    // Reference: ReLU passes x where !(x <= 0) (NaN included) and is +-0 elsewhere.
+    std::vector<T> want_y(static_cast<std::size_t>(n), T{});
+    std::vector<std::uint32_t> want_words(static_cast<std::size_t>(ref::ceil_div(n, 32)), 0u);
+    for (std::int64_t i = 0; i < n; ++i)
+      if (passes(x[i])) {
+        want_y[i] = x[i];
+        want_words[i / 32] |= 1u << (i % 32);
+      }
+    std::vector<std::uint32_t> words(want_words.size() + 1, 0xdeadbeef);
+    std::vector<T> y(static_cast<std::size_t>(n), test::make<T>(9.0));
+    relu_with_mask<T>(cpu_backend{3}, test::view_of(x, {n}), test::view_of(y, {n}), words.data());
+    CHECK(words.back() == 0xdeadbeef);
+    words.pop_back();
+    CHECK(words == want_words);
+    CHECK_BITS_EQUAL(y, want_y);
+
+    auto in_place = x;  // y may alias x
+    std::vector<std::uint32_t> in_place_words(want_words.size());
+    relu_with_mask<T>(cpu_backend{1}, test::view_of(in_place, {n}), test::view_of(in_place, {n}),
+                      in_place_words.data());
+    CHECK(in_place_words == want_words);
+    CHECK_BITS_EQUAL(in_place, want_y);
+  }
+}
+
 TEST_CASE("ReLU mask: zeros of both signs are off, NaN and tiny positives are on") {
   const std::vector<float> y = {0.0f,
                                 -0.0f,
@@ -72,6 +102,12 @@ TEST_CASE("ReLU mask: bad input") {
   CHECK_ERROR(apply_relu_mask<float>(cpu_backend{1}, words.data(), test::view_of(y, {40}),
                                      test::view_of(dx, {4, 10})),
               "[40]", "[4, 10]");
+  CHECK_ERROR(relu_with_mask<float>(cpu_backend{1}, test::view_of(y, {40}),
+                                    test::view_of(dx, {4, 10}), words.data()),
+              "[40]", "[4, 10]");
+  CHECK_ERROR(relu_with_mask<float>(cpu_backend{1}, test::view_of(y, {40}), test::view_of(dx, {40}),
+                                    nullptr),
+              "null", "2");
   CHECK_ERROR(apply_relu_mask<float>(cpu_backend{1}, nullptr, test::view_of(y, {40}),
                                      test::view_of(dx, {40})),
               "null");

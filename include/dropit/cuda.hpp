@@ -61,6 +61,9 @@ template <storage_type T>
 void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> y,
                     std::uint32_t* words);
 template <storage_type T>
+void relu_with_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> x,
+                    tensor_view<T> y, std::uint32_t* words);
+template <storage_type T>
 void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx);
 

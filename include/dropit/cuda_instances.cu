@@ -22,6 +22,8 @@ namespace dropit {
                                       tensor_view<const T>, tensor_view<T>, const conv2d_params&,  \
                                       grad_mode, workspace);                                       \
   template void pack_relu_mask<T>(const cuda_backend&, tensor_view<const T>, std::uint32_t*);      \
+  template void relu_with_mask<T>(const cuda_backend&, tensor_view<const T>, tensor_view<T>,       \
+                                  std::uint32_t*);                                                 \
   template void apply_relu_mask<T>(const cuda_backend&, const std::uint32_t*,                      \
                                    tensor_view<const T>, tensor_view<T>);
 

@@ -189,7 +189,26 @@ void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_ide
   detail::cuda::expect_device_view(y, "ReLU output");
   detail::cuda::expect_device_accessible(words, static_cast<std::size_t>(relu_mask_words(n)) * 4,
                                          "ReLU mask buffer");
-  detail::cuda::pack_relu_mask<T>(backend.stream, y.data, n, words);
+  detail::cuda::pack_relu_mask<T>(backend.stream, y.data, static_cast<T*>(nullptr), n, words);
+}
+
+/// ReLU forward and its mask in one pass on the device: `y = relu(x)`, and the mask of `y` into
+/// `words` (`relu_mask_words(x.numel())` of them). `y` may alias `x`.
+template <storage_type T>
+void relu_with_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> x,
+                    tensor_view<T> y, std::uint32_t* words) {
+  detail::expect_data(x, "ReLU input");
+  detail::expect_data(y, "ReLU output");
+  detail::expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ",
+                 y.shape);
+  const std::int64_t n = x.numel();
+  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
+                 " words are required");
+  detail::cuda::expect_device_view(x, "ReLU input");
+  detail::cuda::expect_device_view(y, "ReLU output");
+  detail::cuda::expect_device_accessible(words, static_cast<std::size_t>(relu_mask_words(n)) * 4,
+                                         "ReLU mask buffer");
+  detail::cuda::pack_relu_mask<T>(backend.stream, x.data, y.data, n, words);
 }
 
 /// ReLU backward from the mask: `dx = mask ? dy : 0`, on the device. `dx` may alias `dy`.

@@ -14,6 +14,7 @@
 
 #include "backend.hpp"
 #include "detail/cpu/parallel.hpp"
+#include "detail/cpu/simd.hpp"
 #include "shape.hpp"
 #include "types.hpp"
 
@@ -24,18 +25,63 @@ DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { retu
 
 namespace detail::cpu {
 
-/// Calls `visit(word, length)` for each mask word of `n` elements (`length` of them in the word),
-/// in parallel work items large enough to amortise scheduling.
+/// Calls `visit(first_word, last_word)` over the mask words of `n` elements, in parallel work items
+/// large enough to amortise scheduling.
 template <class Visit>
-void for_each_mask_word(const cpu_backend& backend, std::int64_t n, Visit&& visit) {
+void for_each_mask_word_range(const cpu_backend& backend, std::int64_t n, Visit&& visit) {
   constexpr std::int64_t words_per_item = 4096;
   const std::int64_t total = relu_mask_words(n);
   parallel_for(backend, (total + words_per_item - 1) / words_per_item, [&](std::int64_t item, int) {
-    const std::int64_t end = std::min(total, (item + 1) * words_per_item);
-    for (std::int64_t w = item * words_per_item; w < end; ++w)
-      visit(w, static_cast<int>(std::min<std::int64_t>(32, n - w * 32)));
+    visit(item * words_per_item, std::min(total, (item + 1) * words_per_item));
   });
 }
+
+/// The bits of a 16- or 32-bit element, so that masking is an AND and the loops vectorise.
+template <class T>
+using element_bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+
+/// Mask words [first, last) of `x`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
+template <class T>
+void pack_mask_words_kernel(const T* x, T* y, std::uint32_t* words, std::int64_t n,
+                            std::int64_t first, std::int64_t last) {
+  using bits_type = element_bits<T>;
+  for (std::int64_t w = first; w < last; ++w) {
+    const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
+    const T* in = x + w * 32;
+    std::uint32_t bits = 0;
+    for (int j = 0; j < length; ++j)
+      bits |= static_cast<std::uint32_t>(!(to_float(in[j]) <= 0.0f)) << j;
+    words[w] = bits;
+    if (y == nullptr) continue;
+    T* out = y + w * 32;
+    for (int j = 0; j < length; ++j) {
+      const auto keep = static_cast<bits_type>(0u - ((bits >> j) & 1u));
+      bits_type value;
+      std::memcpy(&value, &in[j], sizeof value);
+      value &= keep;
+      std::memcpy(static_cast<void*>(&out[j]), &value, sizeof value);
+    }
+  }
+}
+DROPIT_CPU_DISPATCH(pack_mask_words)
+
+/// `dx = mask ? dy : 0` over mask words [first, last).
+template <class T>
+void apply_mask_words_kernel(const std::uint32_t* words, const T* dy, T* dx, std::int64_t n,
+                                  std::int64_t first, std::int64_t last) {
+  using bits_type = element_bits<T>;
+  for (std::int64_t w = first; w < last; ++w) {
+    const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
+    for (int j = 0; j < length; ++j) {
+      const auto keep = static_cast<bits_type>(0u - ((words[w] >> j) & 1u));
+      bits_type value;
+      std::memcpy(&value, &dy[w * 32 + j], sizeof value);
+      value &= keep;
+      std::memcpy(static_cast<void*>(&dx[w * 32 + j]), &value, sizeof value);
+    }
+  }
+}
+DROPIT_CPU_DISPATCH(apply_mask_words)
 
 }  // namespace detail::cpu
 
@@ -47,11 +93,25 @@ void pack_relu_mask(const cpu_backend& backend, tensor_view<const std::type_iden
   detail::expect_data(y, "ReLU output");
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
                  " words are required");
-  detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {
-    std::uint32_t bits = 0;
-    for (int j = 0; j < length; ++j)
-      bits |= static_cast<std::uint32_t>(!(to_float(y.data[w * 32 + j]) <= 0.0f)) << j;
-    words[w] = bits;
+  detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
+    detail::cpu::pack_mask_words(y.data, static_cast<T*>(nullptr), words, n, first, last);
+  });
+}
+
+/// ReLU forward and its mask in one pass: `y = relu(x)`, and the mask of `y` into `words`
+/// (`relu_mask_words(x.numel())` of them). `y` may alias `x`.
+template <storage_type T>
+void relu_with_mask(const cpu_backend& backend, tensor_view<const std::type_identity_t<T>> x,
+                    tensor_view<T> y, std::uint32_t* words) {
+  detail::expect_data(x, "ReLU input");
+  detail::expect_data(y, "ReLU output");
+  detail::expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ",
+                 y.shape);
+  const std::int64_t n = x.numel();
+  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
+                 " words are required");
+  detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
+    detail::cpu::pack_mask_words(x.data, y.data, words, n, first, last);
   });
 }
 
@@ -65,16 +125,8 @@ void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words,
                  dx.shape);
   const std::int64_t n = dy.numel();
   detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
-  detail::cpu::for_each_mask_word(backend, n, [&](std::int64_t w, int length) {
-    // Masking the bits rather than branching lets the loop vectorise.
-    using bits_type = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
-    for (int j = 0; j < length; ++j) {
-      const auto keep = static_cast<bits_type>(0u - ((words[w] >> j) & 1u));
-      bits_type bits;
-      std::memcpy(&bits, &dy.data[w * 32 + j], sizeof bits);
-      bits &= keep;
-      std::memcpy(static_cast<void*>(&dx.data[w * 32 + j]), &bits, sizeof bits);
-    }
+  detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
+    detail::cpu::apply_mask_words(words, dy.data, dx.data, n, first, last);
   });
 }
 

@@ -157,6 +157,24 @@ TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::
     cuda_test::finish(gpu);
     CHECK(d_words.download() == want_words);
     CHECK_BITS_EQUAL(d_dx.download(), want_dx);
+
+    // The fused forward: relu(y) and the same mask, out of place and in place.
+    std::vector<T> want_relu(y.size());
+    relu_with_mask<T>(serial, test::view_of(y, {n}), test::view_of(want_relu, {n}),
+                      want_words.data());
+    device_buffer<T> d_relu(y.size());
+    d_relu.poison();
+    d_words.poison();
+    relu_with_mask<T>(gpu, {d_y.data(), dropit::shape{n}}, {d_relu.data(), dropit::shape{n}},
+                      d_words.data());
+    cuda_test::finish(gpu);
+    CHECK(d_words.download() == want_words);
+    CHECK_BITS_EQUAL(d_relu.download(), want_relu);
+    device_buffer<T> d_in_place(y);
+    relu_with_mask<T>(gpu, {d_in_place.data(), dropit::shape{n}},
+                      {d_in_place.data(), dropit::shape{n}}, d_words.data());
+    cuda_test::finish(gpu);
+    CHECK_BITS_EQUAL(d_in_place.download(), want_relu);
   }
 }
 

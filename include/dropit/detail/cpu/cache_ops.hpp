@@ -13,6 +13,7 @@
 #include "../common/keys.hpp"
 #include "parallel.hpp"
 #include "select.hpp"
+#include "simd.hpp"
 
 namespace dropit::detail::cpu {
 
@@ -66,8 +67,8 @@ void for_each_chunk(const cpu_backend& backend, const cache_layout& layout, Body
 }
 
 template <storage_type T>
-void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chunk,
-                    const cache_view<T>& out, std::uint32_t* scratch) {
+void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
+                           const cache_view<T>& out, std::uint32_t* scratch) {
   const std::int64_t length = layout.chunk_length(chunk);
   const T* data = input + layout.chunk_begin(chunk);
   T* values = out.values + layout.values_begin(chunk);
@@ -106,14 +107,15 @@ void compress_chunk(const cache_layout& layout, const T* input, std::int64_t chu
       for_each_selected(keys, length, cut, [&](std::int64_t i) { values[stored++] = data[i]; });
   }
 }
+DROPIT_CPU_DISPATCH(compress_chunk)
 
 /// Calls `visit(flat_position, value_index)` for every kept element of `chunk`, ascending.
 /// `scratch` is `element_scratch_keys` keys (used only by seeded caches). Stored positions come
 /// from the caller's buffers, so they are checked before they are used: false (and nothing visited
 /// from there on) where they do not encode exactly the chunk's kept count inside the chunk.
 template <class T, class Visit>
-bool for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std::uint32_t* scratch,
-                            Visit&& visit) {
+bool for_each_kept_in_chunk_kernel(const cache_view<T>& cache, std::int64_t chunk,
+                                   std::uint32_t* scratch, Visit&& visit) {
   const cache_layout& layout = cache.layout;
   const std::int64_t begin = layout.chunk_begin(chunk);
   const std::int64_t length = layout.chunk_length(chunk);
@@ -155,6 +157,7 @@ bool for_each_kept_in_chunk(const cache_view<T>& cache, std::int64_t chunk, std:
   }
   return true;
 }
+DROPIT_CPU_DISPATCH(for_each_kept_in_chunk)
 
 // ---------------------------------------------------------------------------------------------
 // Channel granularity.

@@ -313,9 +313,9 @@ void densify(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
 // ReLU masks
 
 template <storage_type T>
-void pack_relu_mask(cudaStream_t stream, const T* y, std::int64_t n, std::uint32_t* words) {
+void pack_relu_mask(cudaStream_t stream, const T* x, T* y, std::int64_t n, std::uint32_t* words) {
   if (n == 0) return;
-  pack_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(y, n, words);
+  pack_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(x, y, n, words);
   check_launch("dropit pack_relu_mask_kernel");
 }
 

@@ -419,17 +419,20 @@ DROPIT_KERNEL void conv2d_weight_grad_kernel(cpu::conv2d_geometry g, const float
 // ---------------------------------------------------------------------------------------------
 // ReLU masks.
 
+/// The mask of `x` into `words`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
 template <class T>
-DROPIT_KERNEL void pack_relu_mask_kernel(const T* y, std::int64_t n, std::uint32_t* words) {
+DROPIT_KERNEL void pack_relu_mask_kernel(const T* x, T* y, std::int64_t n, std::uint32_t* words) {
   const std::int64_t lane = threadIdx.x & 31u;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   // Loop by warp so that all 32 lanes vote on every word.
   for (std::int64_t base = std::int64_t{blockIdx.x} * block_threads + (threadIdx.x & ~31u);
        base < n; base += stride) {
     const std::int64_t i = base + lane;
-    const bool passes = i < n && !(to_float(y[i]) <= 0.0f);
+    const T value = i < n ? x[i] : T{};
+    const bool passes = i < n && !(to_float(value) <= 0.0f);
     const std::uint32_t bits = __ballot_sync(0xffffffffu, passes);
     if (lane == 0) words[base / 32] = bits;
+    if (y != nullptr && i < n) y[i] = passes ? value : T{};
   }
 }
 
