@@ -1,19 +1,25 @@
-// dropit_bench_torch: one full training step (forward, loss, backward, optimizer step) of the two
-// Fashion-MNIST example models, dense and converted to dropit (γ = 0.9, chunked min-k, 1-bit ReLU),
-// on the same batch, in the same run. Time per step is the benchmark's time; the peak bytes a step
-// allocates above what was live before it (measured at torch's allocator by MemoryMeter) are the
-// counters. benchmarks/torch/report.py turns the JSON output into the dropit/dense ratio table.
+// dropit_bench_torch, against what a LibTorch user already runs:
+// - train_step/<model>/...: full training steps (forward, loss, backward, optimizer step) of the two
+//   Fashion-MNIST example models, dense and converted to dropit (γ = 0.9, chunked min-k, 1-bit
+//   ReLU), interleaved step by step on the same batch. Counters: median step times, the median of
+//   per-step time ratios, and the peak bytes a step allocates above what was live before it
+//   (measured at torch's allocator by MemoryMeter).
+// - weight_grad/<layer>/<variant>/gamma:<γ>: one weight gradient of each conv2d and linear layer of
+//   the example models: LibTorch's own kernel on the dense input (torch_dense), dropit's sparse
+//   kernel on the cache (dropit_sparse), densify + LibTorch's kernel (dropit_densify). The cost
+//   model of dropit::torch::sparse_weight_grad_crossover is fitted to these.
+// benchmarks/torch/report.py turns the JSON output into the tables of benchmarks/results/torch.md.
 //
-// Names: train_step/<model>/<variant>/B:<batch>, variant = dense | dropit_chunked_min_k_gamma:0.9.
 // Environment: DROPIT_BENCH_THREADS (default: every core) sets torch's, OpenBLAS's and dropit's
-// thread count; DROPIT_BENCH_BATCH (128); DROPIT_FASHION_MNIST_DATA_DIR (the unpacked idx files;
-// random images when absent).
+// thread count; DROPIT_BENCH_BATCH (128); DROPIT_BENCH_STEPS (interleaved step pairs, 60);
+// DROPIT_FASHION_MNIST_DATA_DIR (the unpacked idx files; random images when absent).
 
 #include <benchmark/benchmark.h>
 
 #include <dropit/torch.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -63,54 +69,151 @@ const Batch& batch() {
   return b;
 }
 
-void train_step(benchmark::State& state, const std::string& kind, bool use_dropit) {
-  fmnist::ModelConfig config;
-  config.kind = kind;
-  torch::manual_seed(0);
-  std::shared_ptr<fmnist::Classifier> model = fmnist::make_model(config);
-  model->train();
-  if (use_dropit) {
-    dropit::torch::convert(*model, dropit::torch::ConvertOptions()
-                                       .dropit(dropit::torch::DropitOptions().gamma(0.9).selection(
-                                           dropit::selection_kind::chunked_min_k))
-                                       .relu(true));
-  }
-  // The optimizers of the training example: SGD with momentum for the CNN, AdamW for the ViT.
+/// An example model, dense or converted to dropit, with its optimizer and one training step.
+struct Trainer {
+  std::shared_ptr<fmnist::Classifier> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
-  if (kind == "cnn")
-    optimizer = std::make_unique<torch::optim::SGD>(
-        model->parameters(),
-        torch::optim::SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(5e-4));
-  else
-    optimizer = std::make_unique<torch::optim::AdamW>(
-        model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.05));
 
-  const Batch& data = batch();
-  auto step = [&] {
+  Trainer(const std::string& kind, bool use_dropit) {
+    fmnist::ModelConfig config;
+    config.kind = kind;
+    torch::manual_seed(0);
+    model = fmnist::make_model(config);
+    model->train();
+    if (use_dropit) {
+      dropit::torch::convert(*model,
+                             dropit::torch::ConvertOptions()
+                                 .dropit(dropit::torch::DropitOptions().gamma(0.9).selection(
+                                     dropit::selection_kind::chunked_min_k))
+                                 .relu(true));
+    }
+    // The optimizers of the training example: SGD with momentum for the CNN, AdamW for the ViT.
+    if (kind == "cnn")
+      optimizer = std::make_unique<torch::optim::SGD>(
+          model->parameters(),
+          torch::optim::SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(5e-4));
+    else
+      optimizer = std::make_unique<torch::optim::AdamW>(
+          model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.05));
+  }
+
+  void step(const Batch& data) {
     optimizer->zero_grad();
     torch::Tensor loss =
         torch::nn::functional::cross_entropy(model->forward(data.images), data.labels);
     loss.backward();
     optimizer->step();
-  };
-  dropit::torch::MemoryMeter meter;
-  step();  // allocates the gradients and the optimizer state
-  step();
-
-  std::int64_t peak = 0, live = 0;
-  for (auto _ : state) {
-    live = meter.current();
-    meter.reset_peak();
-    step();
-    peak = std::max(peak, meter.peak() - live);
   }
-  state.counters["peak_step_bytes"] = static_cast<double>(peak);
-  state.counters["peak_step_MiB"] = static_cast<double>(peak) / (1024.0 * 1024.0);
-  state.counters["persistent_bytes"] = static_cast<double>(live);
-  state.counters["images_per_s"] = benchmark::Counter(
-      static_cast<double>(data.images.size(0)) * static_cast<double>(state.iterations()),
-      benchmark::Counter::kIsRate);
-  state.counters["parameters"] = static_cast<double>(fmnist::parameter_count(*model));
+};
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+/// Dense and dropit training steps of one model, interleaved (dense, dropit, dropit, dense, ...) so
+/// that a slow spell of a shared machine hits both alike. Each iteration is one step of each; the
+/// counters are medians over the iterations, the time ratio the median of per-iteration ratios.
+void train_step(benchmark::State& state, const std::string& kind) {
+  Trainer dense(kind, false), dropit(kind, true);
+  const Batch& data = batch();
+  dropit::torch::MemoryMeter meter;
+  for (int warm = 0; warm < 2; ++warm) {  // allocates the gradients and the optimizer state
+    dense.step(data);
+    dropit.step(data);
+  }
+  // One step's time and its peak above what was live before it.
+  const auto measure = [&](Trainer& trainer, std::vector<double>& ms, std::int64_t& peak) {
+    const std::int64_t live = meter.current();
+    meter.reset_peak();
+    const auto start = std::chrono::steady_clock::now();
+    trainer.step(data);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                     .count());
+    peak = std::max(peak, meter.peak() - live);
+  };
+  std::vector<double> dense_ms, dropit_ms, ratios;
+  std::int64_t dense_peak = 0, dropit_peak = 0;
+  for (auto _ : state) {
+    if (ratios.size() % 2 == 0) {
+      measure(dense, dense_ms, dense_peak);
+      measure(dropit, dropit_ms, dropit_peak);
+    } else {
+      measure(dropit, dropit_ms, dropit_peak);
+      measure(dense, dense_ms, dense_peak);
+    }
+    ratios.push_back(dropit_ms.back() / dense_ms.back());
+    state.SetIterationTime((dense_ms.back() + dropit_ms.back()) / 1e3);
+  }
+  state.counters["dense_ms"] = median(dense_ms);
+  state.counters["dropit_ms"] = median(dropit_ms);
+  state.counters["time_ratio"] = median(ratios);
+  state.counters["dense_peak_bytes"] = static_cast<double>(dense_peak);
+  state.counters["dropit_peak_bytes"] = static_cast<double>(dropit_peak);
+  state.counters["peak_ratio"] = static_cast<double>(dropit_peak) / static_cast<double>(dense_peak);
+  state.counters["parameters"] = static_cast<double>(fmnist::parameter_count(*dense.model));
+}
+
+// --- One layer's weight gradient: dropit's two paths against LibTorch's own kernel ---------------
+
+/// A conv2d or linear layer of the example models, at the benchmark's batch.
+struct Layer {
+  std::string name;
+  std::vector<std::int64_t> input, weight;  // conv2d: NCHW and [C_out, C_in, KH, KW]
+  std::int64_t stride = 1, padding = 0;
+  bool conv = true;
+};
+
+std::vector<Layer> example_layers(std::int64_t batch) {
+  const std::int64_t tokens = batch * 17;  // the ViT: 16 patches and a class token per image
+  return {
+      {"cnn_conv_16x16_k3_28", {batch, 16, 28, 28}, {16, 16, 3, 3}, 1, 1},
+      {"cnn_conv_16x32_k3_s2_28", {batch, 16, 28, 28}, {32, 16, 3, 3}, 2, 1},
+      {"cnn_shortcut_16x32_k1_s2_28", {batch, 16, 28, 28}, {32, 16, 1, 1}, 2, 0},
+      {"cnn_conv_32x32_k3_14", {batch, 32, 14, 14}, {32, 32, 3, 3}, 1, 1},
+      {"cnn_conv_32x64_k3_s2_14", {batch, 32, 14, 14}, {64, 32, 3, 3}, 2, 1},
+      {"cnn_conv_64x64_k3_7", {batch, 64, 7, 7}, {64, 64, 3, 3}, 1, 1},
+      {"vit_qkv_96x288", {tokens, 96}, {288, 96}, 1, 0, false},
+      {"vit_proj_96x96", {tokens, 96}, {96, 96}, 1, 0, false},
+      {"vit_mlp_96x192", {tokens, 96}, {192, 96}, 1, 0, false},
+      {"vit_mlp_192x96", {tokens, 192}, {96, 192}, 1, 0, false},
+  };
+}
+
+enum class GradVariant { torch_dense, dropit_sparse, dropit_densify };
+
+void weight_grad(benchmark::State& state, const Layer& layer, double gamma, GradVariant variant) {
+  namespace dt = dropit::torch;
+  torch::manual_seed(3);
+  // Post-ReLU activations, as the example models' layers see them.
+  const at::Tensor x = torch::relu(torch::randn(layer.input));
+  const at::Tensor w = torch::randn(layer.weight);
+  const dropit::conv2d_params params = dt::conv2d_params_of(
+      {layer.stride, layer.stride}, {layer.padding, layer.padding}, {1, 1}, 1);
+  const at::Tensor dz = torch::randn_like(
+      layer.conv ? at::conv2d(x, w, {}, dt::torch_pair(params.stride), dt::torch_pair(params.padding))
+                 : at::linear(x, w));
+  const dt::saved_cache cache = dt::compress(
+      x, dt::DropitOptions().gamma(gamma).spec(layer.conv ? 1 : -1, 0));
+  const dt::weight_grad_path path =
+      variant == GradVariant::dropit_sparse ? dt::weight_grad_path::sparse : dt::weight_grad_path::densify;
+  auto run = [&] {
+    if (variant == GradVariant::torch_dense)
+      return layer.conv ? std::get<1>(dt::dense_conv2d_backward(dz, x, w, params, {false, true, false}))
+                        : at::mm(dz.t(), x);
+    return layer.conv ? dt::conv2d_weight_grad(cache, dz, w.sizes(), params, path)
+                      : dt::linear_weight_grad(cache, dz, path);
+  };
+  for (auto _ : state) {
+    at::Tensor dw = run();
+    benchmark::DoNotOptimize(dw.data_ptr());
+  }
+  const auto taps = layer.conv ? layer.weight[2] * layer.weight[3] : 1;
+  state.counters["row_width"] = static_cast<double>(layer.weight[0]);
+  state.counters["kept_fraction"] =
+      static_cast<double>(cache.layout.kept()) / static_cast<double>(x.numel());
+  state.counters["taps"] = static_cast<double>(taps);
 }
 
 std::string cpu_model() {
@@ -141,6 +244,8 @@ int main(int argc, char** argv) {
                                   "): torch's intra-op pool and dropit's CPU backend; OpenBLAS " +
                                   (openblas_set_num_threads ? count : std::string("not found")));
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
+  benchmark::AddCustomContext(
+      "cpu_isa", dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
   benchmark::AddCustomContext("inputs", batch().source);
   benchmark::AddCustomContext("batch", std::to_string(batch().images.size(0)));
   const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
@@ -158,16 +263,34 @@ int main(int argc, char** argv) {
 #endif
 
   const std::string b = "/B:" + std::to_string(batch().images.size(0));
+  const std::pair<const char*, GradVariant> variants[] = {
+      {"torch_dense", GradVariant::torch_dense},
+      {"dropit_sparse", GradVariant::dropit_sparse},
+      {"dropit_densify", GradVariant::dropit_densify}};
+  for (const Layer& layer : example_layers(batch().images.size(0)))
+    for (const double gamma : {0.9, 0.95, 0.97, 0.99})
+      for (const auto& [variant_name, variant] : variants) {
+        if (variant == GradVariant::torch_dense && gamma != 0.9) continue;  // γ does not apply
+        const std::string name = "weight_grad/" + layer.name + "/" + variant_name +
+                                 (variant == GradVariant::torch_dense
+                                      ? std::string()
+                                      : "/gamma:" + std::to_string(gamma).substr(0, 4)) +
+                                 b;
+        benchmark::RegisterBenchmark(name.c_str(),
+                                     [layer, gamma, variant](benchmark::State& state) {
+                                       weight_grad(state, layer, gamma, variant);
+                                     })
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+  const int steps = env_int("DROPIT_BENCH_STEPS", 60);
   for (const std::string kind : {"cnn", "vit"}) {
-    for (const bool use_dropit : {false, true}) {
-      const std::string name = "train_step/" + kind + "/" +
-                               (use_dropit ? "dropit_chunked_min_k/gamma:0.9" : "dense") + b;
-      benchmark::RegisterBenchmark(
-          name.c_str(),
-          [kind, use_dropit](benchmark::State& state) { train_step(state, kind, use_dropit); })
-          ->Unit(benchmark::kMillisecond)
-          ->UseRealTime();
-    }
+    const std::string name = "train_step/" + kind + "/dense_vs_dropit_chunked_min_k/gamma:0.9" + b;
+    benchmark::RegisterBenchmark(name.c_str(),
+                                 [kind](benchmark::State& state) { train_step(state, kind); })
+        ->Unit(benchmark::kMillisecond)
+        ->Iterations(steps)
+        ->UseManualTime();
   }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -118,10 +118,40 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "linear_weight_grad",
       [](const at::Tensor& values, const at::Tensor& positions, const layout_words& layout,
-         const at::Tensor& dz) {
-        return dt::linear_weight_grad(cache_of(values, positions, layout), dz);
+         const at::Tensor& dz, const std::string& path) {
+        return dt::linear_weight_grad(cache_of(values, positions, layout), dz,
+                                      dt::weight_grad_path_from_name(path));
       },
-      py::arg("values"), py::arg("positions"), py::arg("layout"), py::arg("dz"));
+      py::arg("values"), py::arg("positions"), py::arg("layout"), py::arg("dz"),
+      py::arg("path") = "auto", "dW of a linear layer; path is 'auto', 'sparse' or 'densify'.");
+
+  m.def(
+      "conv2d_weight_grad",
+      [](const at::Tensor& values, const at::Tensor& positions, const layout_words& layout,
+         const at::Tensor& dz, const std::vector<std::int64_t>& weight_size,
+         const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding,
+         const std::vector<std::int64_t>& dilation, std::int64_t groups, const std::string& path) {
+        return dt::conv2d_weight_grad(cache_of(values, positions, layout), dz, weight_size,
+                                      dt::conv2d_params_of(stride, padding, dilation, groups),
+                                      dt::weight_grad_path_from_name(path));
+      },
+      py::arg("values"), py::arg("positions"), py::arg("layout"), py::arg("dz"),
+      py::arg("weight_size"), py::arg("stride"), py::arg("padding"), py::arg("dilation"),
+      py::arg("groups"), py::arg("path") = "auto",
+      "dW of a conv2d; path is 'auto', 'sparse' or 'densify'.");
+
+  m.def(
+      "preferred_weight_grad_path",
+      [](const layout_words& layout, bool conv2d, std::int64_t row_width, std::int64_t taps,
+         const std::string& device) {
+        return std::string(dt::name_of(dt::preferred_weight_grad_path(
+            dt::saved_cache::unpack_layout(layout), {conv2d, row_width, taps}, at::Device(device))));
+      },
+      py::arg("layout"), py::arg("conv2d"), py::arg("row_width"), py::arg("taps"),
+      py::arg("device"),
+      "The path 'auto' takes for a layer (conv2d or linear) with weight-gradient rows row_width "
+      "wide and `taps` kernel taps.");
+  m.attr("cpu_isa") = std::string(dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
 
   m.def("describe", &describe, py::arg("layout"),
         "Shape, dtype, encoding, kept count and exact bytes of a cache layout.");

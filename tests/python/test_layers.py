@@ -131,14 +131,17 @@ def test_linear_weight_grad_is_dense_formula_on_densified_cache(dtype, policy, d
                               @ x.reshape(-1, 32).float(), atol=1e-3)
 
 
+# gamma 0.7 takes the densify path on the CPU, 0.99 the sparse kernel (the layer's backward then
+# computes the input gradient on its own).
+@pytest.mark.parametrize("gamma", [0.7, 0.99])
 @pytest.mark.parametrize("policy", POLICIES, ids=lambda p: ",".join(map(str, p.values())))
-def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy, device):
+def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy, gamma, device):
     x = torch.randn(2, 6, 10, 9, device=device)
     weight = torch.randn(8, 3, 3, 3, device=device, requires_grad=True)
     bias = torch.randn(8, device=device, requires_grad=True)
     conv = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
     xg = x.clone().requires_grad_(True)
-    y = dropit.functional.conv2d(xg, weight, bias, gamma=0.7, **conv, **policy)
+    y = dropit.functional.conv2d(xg, weight, bias, gamma=gamma, **conv, **policy)
     dy = torch.randn_like(y)
     y.backward(dy)
 
@@ -150,7 +153,7 @@ def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy, device):
     assert_close(xg.grad, x_ref.grad)
     assert_close(bias.grad, dy.sum((0, 2, 3)))
 
-    kept = dropit.functional.densify(dropit.functional.compress(x, gamma=0.7, channel_axis=1,
+    kept = dropit.functional.densify(dropit.functional.compress(x, gamma=gamma, channel_axis=1,
                                                                 **policy))
     # The dense formula: torch's own weight gradient of a convolution whose input is `kept`.
     kept = kept.clone().requires_grad_(False)
@@ -158,6 +161,60 @@ def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy, device):
     F.conv2d(kept, w_formula, None, **conv).backward(dy)
     assert_close(weight.grad, w_formula.grad)
     assert not torch.allclose(weight.grad, w_ref.grad, atol=1e-3)
+
+
+@pytest.mark.parametrize("path", ["sparse", "densify", "auto"])
+@pytest.mark.parametrize("gamma", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, device):
+    x = torch.randn(42, 32, device=device, dtype=dtype)
+    dz = torch.randn(42, 24, device=device, dtype=dtype)
+    cache = dropit.functional.compress(x, gamma=gamma, chunk_size=64)
+    kept = dropit.functional.densify(cache).float()
+    dw = dropit._C.linear_weight_grad(cache.values, cache.positions, cache.layout, dz, path)
+    assert dw.dtype == dtype
+    assert_close(dw, dz.float().t() @ kept, dtype)
+
+    x = torch.randn(2, 6, 10, 9, device=device, dtype=dtype)
+    weight = torch.randn(8, 3, 3, 3, device=device)
+    conv = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
+    dz = torch.randn_like(F.conv2d(x.float(), weight, None, **conv)).to(dtype)
+    cache = dropit.functional.compress(x, gamma=gamma, chunk_size=64)
+    kept = dropit.functional.densify(cache).float()
+    w_formula = weight.clone().requires_grad_(True)
+    F.conv2d(kept, w_formula, None, **conv).backward(dz.float())
+    dw = dropit._C.conv2d_weight_grad(cache.values, cache.positions, cache.layout, dz,
+                                      list(weight.shape), **conv, path=path)
+    assert dw.dtype == dtype
+    assert_close(dw, w_formula.grad, dtype)
+
+
+def test_weight_grad_path_choice():
+    def preferred(gamma, conv2d, row_width, taps, device="cpu", dtype=torch.float32):
+        cache = dropit.functional.compress(torch.randn(4096, dtype=dtype), gamma=gamma)
+        return dropit._C.preferred_weight_grad_path(cache.layout, conv2d, row_width, taps, device)
+
+    # On the CPU the sparse kernel only from the crossovers the weight_grad benchmark measured.
+    # Where AVX-512 is used the sparse kernel must keep half as many elements.
+    wide = dropit._C.cpu_isa == "avx512"
+    assert preferred(0.5, True, 64, 9) == "densify"
+    assert preferred(0.9, True, 64, 9) == ("densify" if wide else "sparse")
+    assert preferred(0.95, True, 64, 9) == "sparse"
+    assert preferred(0.9, True, 16, 9) == "densify"
+    assert preferred(0.99, True, 16, 9) == "sparse"
+    assert preferred(0.95, True, 32, 1) == "densify"
+    assert preferred(0.99, True, 32, 1) == "sparse"
+    assert preferred(0.9, False, 288, 1) == "densify"
+    assert preferred(0.97, False, 96, 1) == "densify"
+    assert preferred(0.999, False, 96, 1) == "sparse"
+    # 16-bit caches: the sparse kernel, which accumulates in float and rounds once.
+    assert preferred(0.5, True, 64, 9, dtype=torch.bfloat16) == "sparse"
+    # Elsewhere torch's library kernels on the densified cache.
+    assert preferred(0.99, True, 64, 9, "meta") == "densify"
+    with pytest.raises(ValueError, match="'fast'.*'auto', 'sparse' or 'densify'"):
+        cache = dropit.functional.compress(torch.randn(64), gamma=0.5)
+        dropit._C.linear_weight_grad(cache.values, cache.positions, cache.layout,
+                                     torch.randn(1, 8), "fast")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])

@@ -109,13 +109,15 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
         ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     at::Tensor d_input, d_weight, d_bias;
-    if (!dz.device().is_cpu()) {
-      // On a GPU both gradients come from one cuDNN call, the densified cache standing in for the
-      // dropped input (the input gradient reads only its shape).
-      const at::Tensor input =
-          want_weight ? densify(detail::load_cache(saved)) : at::empty(input_sizes, dz.options());
-      std::tie(d_input, d_weight, std::ignore) =
-          dense_conv2d_backward(dz, input, weight, params, {want_input, want_weight, false});
+    const saved_cache cache = want_weight ? detail::load_cache(saved) : saved_cache{};
+    const bool densified =
+        want_weight && preferred_weight_grad_path(cache.layout, conv2d_layer(weight.sizes(), params),
+                                                  dz.device()) == weight_grad_path::densify;
+    if (densified) {
+      // Both gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified cache; the
+      // input gradient reads only its shape.
+      std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
+          dz, densify(cache), weight, params, {want_input, true, false});
     } else {
       if (want_input) {
         // torch's own input-gradient kernel reads only the input's shape, so an uninitialised
@@ -126,7 +128,7 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
                                                     weight, params, {true, false, false}));
       }
       if (want_weight)
-        d_weight = conv2d_weight_grad(detail::load_cache(saved), dz, weight.sizes(), params);
+        d_weight = conv2d_weight_grad(cache, dz, weight.sizes(), params, weight_grad_path::sparse);
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
       d_bias = dz.sum({0, 2, 3});
@@ -138,12 +140,14 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
 struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input) {
     expect_usable(input, "ReLU input");
-    at::Tensor output = at::relu(input);
-    at::Tensor mask = at::empty({relu_mask_words(output.numel())}, input.options().dtype(at::kInt));
+    // One pass writes the output and its mask: the output is not read back to pack it.
+    at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
+    at::Tensor mask = at::empty({relu_mask_words(input.numel())}, input.options().dtype(at::kInt));
     on_device_of(input, "ReLU input", [&](const auto& backend) {
-      visit_dtype(output.scalar_type(), "ReLU input", [&](auto tag) {
+      visit_dtype(input.scalar_type(), "ReLU input", [&](auto tag) {
         using T = decltype(tag);
-        pack_relu_mask<T>(backend, const_view<T>(output, "ReLU output"),
+        relu_with_mask<T>(backend, const_view<T>(input, "ReLU input"),
+                          mutable_view<T>(output, "ReLU output"),
                           static_cast<std::uint32_t*>(mask.data_ptr()));
       });
     });

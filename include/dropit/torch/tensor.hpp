@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <variant>
@@ -275,13 +276,102 @@ inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz)
                          name_of(element_type_of_dtype(dz.scalar_type(), "dZ")));
 }
 
-// The weight gradients. On the CPU, dropit's kernels read the cache directly. On a GPU the cache is
-// densified into a transient tensor of the input's size and dtype, and torch's own kernel (cuBLAS,
-// cuDNN) computes the gradient from it: the library kernels run at the hardware's speed, and the
-// dense input exists only during this layer's backward.
+// The weight gradients. Each is computed one of two ways:
+// - sparse: dropit's kernel reads the cache directly. Its work shrinks with γ, but per
+//   multiply-add it is slower than a tuned dense kernel.
+// - densify: the cache is densified into a transient tensor of the input's size and dtype, and
+//   torch's own kernel (oneDNN or OpenBLAS on the CPU, cuBLAS or cuDNN on a GPU) runs on it. The
+//   dense input exists only during this layer's backward, and is counted in its measured peak.
+// `weight_grad_path::automatic` picks the faster by `preferred_weight_grad_path`.
+
+/// How a weight gradient is computed from its cache.
+enum class weight_grad_path { automatic, sparse, densify };
+
+/// The path named "auto", "sparse" or "densify".
+inline weight_grad_path weight_grad_path_from_name(std::string_view name) {
+  if (name == "auto") return weight_grad_path::automatic;
+  if (name == "sparse") return weight_grad_path::sparse;
+  if (name == "densify") return weight_grad_path::densify;
+  dropit::detail::fail("unknown weight-gradient path '", name,
+                       "'; expected 'auto', 'sparse' or 'densify'");
+}
+
+inline const char* name_of(weight_grad_path path) {
+  switch (path) {
+    case weight_grad_path::sparse:
+      return "sparse";
+    case weight_grad_path::densify:
+      return "densify";
+    default:
+      return "auto";
+  }
+}
+
+/// What the cost model reads of a layer: its kind, the width of its weight-gradient rows (C_out /
+/// groups of a conv2d, N_out of a linear layer) and a conv2d's kernel taps (KH x KW).
+struct weight_grad_layer {
+  bool conv2d = false;
+  std::int64_t row_width = 0;
+  std::int64_t taps = 1;
+};
+
+/// The smallest drop rate at which dropit's sparse kernel beats densify + torch's kernel on the
+/// CPU. Fitted to the crossovers `dropit_bench_torch`'s weight_grad cases measured on the example
+/// models' layers (benchmarks/results/torch.md). The sparse kernels do one multiply-add row of
+/// `row_width` per kept element and tap: wide rows and 3x3 kernels amortise the per-element cost,
+/// and win from γ = 0.9; 16-wide rows and 1x1 kernels only near 0.95 and 0.97; linear layers,
+/// whose dense GEMM is the most efficient of all, only when wide and at 0.95.
+inline double sparse_weight_grad_crossover(const weight_grad_layer& layer) {
+  double crossover = 0.99;
+  if (layer.conv2d && layer.taps >= 9)
+    crossover = layer.row_width >= 32 ? 0.9 : 0.95;
+  else if (layer.conv2d)
+    crossover = 0.97;
+  else if (layer.row_width >= 192)
+    crossover = 0.95;
+  // Where the processor has AVX-512, torch's kernels use it and dropit's gradient rows stay 8
+  // floats wide: the sparse kernel must keep half as many elements to win.
+  if (dropit::detail::cpu::active_cpu_isa() == dropit::detail::cpu::cpu_isa::avx512)
+    crossover = 1.0 - (1.0 - crossover) / 2;
+  return crossover;
+}
+
+/// The faster way to compute the weight gradient of `layer` cached in `layout`: on a GPU always
+/// densify (torch's library kernels run at the hardware's speed; dropit's are first versions), on
+/// the CPU the sparse kernel from `sparse_weight_grad_crossover` on. 16-bit caches take the sparse
+/// kernel on the CPU, which accumulates in float and rounds once, as on a GPU; torch's 16-bit CPU
+/// kernels round partial sums.
+inline weight_grad_path preferred_weight_grad_path(const cache_layout& layout,
+                                                   const weight_grad_layer& layer,
+                                                   const at::Device& device) {
+  if (!device.is_cpu()) return weight_grad_path::densify;
+  if (layout.type != element_type::float32) return weight_grad_path::sparse;
+  return layout.gamma >= sparse_weight_grad_crossover(layer) ? weight_grad_path::sparse
+                                                             : weight_grad_path::densify;
+}
+
+inline weight_grad_path resolve_weight_grad_path(weight_grad_path path, const cache_layout& layout,
+                                                 const weight_grad_layer& layer,
+                                                 const at::Device& device) {
+  return path == weight_grad_path::automatic ? preferred_weight_grad_path(layout, layer, device)
+                                             : path;
+}
+
+/// The type torch's kernel computes a densified weight gradient in: float for 16-bit tensors on the
+/// CPU (its 16-bit CPU kernels round partial sums; dropit's contract is one rounding at the end),
+/// the tensor's own type elsewhere (cuBLAS and cuDNN accumulate 16-bit products in float).
+inline at::ScalarType accumulation_type(const at::Tensor& dz) {
+  return dz.device().is_cpu() ? at::kFloat : dz.scalar_type();
+}
+
+/// The cost model's view of a conv2d with weight `weight_size`.
+inline weight_grad_layer conv2d_layer(at::IntArrayRef weight_size, const conv2d_params& params) {
+  return {true, weight_size[0] / params.groups, weight_size[2] * weight_size[3]};
+}
 
 /// dW [N_out, K] of a linear layer whose input was cached in `input`, from `dz` [..., N_out].
-inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor& dz) {
+inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor& dz,
+                                     weight_grad_path path = weight_grad_path::automatic) {
   expect_usable(dz, "dZ");
   expect_matches_cache(input, dz);
   dropit::detail::expect(dz.dim() >= 1, "dZ must have rank >= 1, got shape ", shape_of(dz));
@@ -290,8 +380,13 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
   const std::int64_t in_features = a.rank >= 1 ? a[a.rank - 1] : 0;
   const std::int64_t out_features = dz.size(-1);
   dropit::detail::check_linear(input.layout, shape_of(dz), dropit::shape{out_features, in_features});
-  if (!dz.device().is_cpu())
-    return at::mm(dz.reshape({-1, out_features}).t(), densify(input).reshape({-1, in_features}));
+  if (resolve_weight_grad_path(path, input.layout, {false, out_features}, dz.device()) ==
+      weight_grad_path::densify) {
+    const at::ScalarType type = accumulation_type(dz);
+    return at::mm(dz.reshape({-1, out_features}).t().to(type),
+                  densify(input).reshape({-1, in_features}).to(type))
+        .to(dz.scalar_type());
+  }
   at::Tensor dw = at::empty({out_features, in_features}, dz.options());
   on_device_of(dz, "dZ", [&](const auto& backend) {
     visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
@@ -344,15 +439,19 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_conv2d_backward(
 
 /// dW of a conv2d whose input was cached in `input`, for a weight of `weight_size`.
 inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor& dz,
-                                     at::IntArrayRef weight_size, const conv2d_params& params) {
+                                     at::IntArrayRef weight_size, const conv2d_params& params,
+                                     weight_grad_path path = weight_grad_path::automatic) {
   expect_usable(dz, "dZ");
   expect_matches_cache(input, dz);
   dropit::detail::check_conv2d(input.layout, shape_of(dz), dropit::shape(weight_size), params);
-  if (!dz.device().is_cpu()) {
+  if (resolve_weight_grad_path(path, input.layout, conv2d_layer(weight_size, params), dz.device()) ==
+      weight_grad_path::densify) {
     // The weight's values are not read; only its shape is.
-    const at::Tensor weight = at::empty(weight_size, dz.options());
-    return std::get<1>(dense_conv2d_backward(dz, densify(input), weight, params,
-                                             {false, true, false}));
+    const at::ScalarType type = accumulation_type(dz);
+    const at::Tensor weight = at::empty(weight_size, dz.options().dtype(type));
+    return std::get<1>(dense_conv2d_backward(dz.to(type), densify(input).to(type), weight, params,
+                                             {false, true, false}))
+        .to(dz.scalar_type());
   }
   at::Tensor dw = at::empty(weight_size, dz.options());
   on_device_of(dz, "dZ", [&](const auto& backend) {
