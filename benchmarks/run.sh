@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds dropit's CPU benchmarks (Release, -march=native) and runs them on a quiet machine:
+# Builds dropit's CPU benchmarks (Release, as a user builds them: no -march=native) and runs them
+# on a quiet machine:
 #   benchmarks/results/cpu-<machine>.json   Google Benchmark output (host name removed)
 #   benchmarks/results/cpu.md               Markdown table from report.py
 # Arguments go to the benchmark binary, e.g. --benchmark_filter=compress (the files are still
@@ -13,7 +14,7 @@ build="${DROPIT_BENCH_BUILD_DIR:-$root/build-bench}"
 results="$here/results"
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDROPIT_BUILD_BENCHMARKS=ON \
-  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=OFF -DDROPIT_BENCH_NATIVE=ON
+  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=OFF -DDROPIT_BENCH_NATIVE=OFF
 cmake --build "$build" --target dropit_bench_cpu -j "${DROPIT_BENCH_JOBS:-2}"
 
 # One thread count for dropit (OpenMP), OpenBLAS and the baselines' OpenMP loops.

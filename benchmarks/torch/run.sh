@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds dropit_bench_torch (Release) and runs it on a quiet machine: a full training step of the
-# Fashion-MNIST example models (CNN, ViT), dense vs dropit γ = 0.9 chunked min-k + 1-bit ReLU.
+# Builds dropit_bench_torch (Release, as a user builds it: no -march=native) and runs it on a quiet
+# machine: interleaved training steps of the Fashion-MNIST example models (CNN, ViT), dense vs
+# dropit γ = 0.9 chunked min-k + 1-bit ReLU, and each layer's weight gradient by dropit's two paths
+# against LibTorch's own kernel.
 #   benchmarks/results/torch-<machine>.json   Google Benchmark output (host name removed)
 #   benchmarks/results/torch.md               ratio table from benchmarks/torch/report.py
 # Arguments go to the benchmark binary. Environment: DROPIT_BENCH_BUILD_DIR (default build-bench),
 # DROPIT_BENCH_JOBS (2), DROPIT_BENCH_THREADS (every core), DROPIT_BENCH_BATCH (128),
-# DROPIT_BENCH_MIN_TIME (seconds per repetition, 2), DROPIT_BENCH_REPETITIONS (5).
+# DROPIT_BENCH_STEPS (interleaved step pairs per repetition, 60), DROPIT_BENCH_MIN_TIME (seconds
+# per repetition of a weight-gradient case, 0.5), DROPIT_BENCH_REPETITIONS (5).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,12 +33,12 @@ json="$results/torch-$label.json"
 mkdir -p "$results"
 
 # Repetitions interleaved at random, so that a slow spell of a shared machine does not land on one
-# variant only; the medians are reported.
+# variant only; the medians are reported (the training steps also alternate within a repetition).
 "$build/benchmarks/torch/dropit_bench_torch" \
   --benchmark_out="$json" --benchmark_out_format=json \
   --benchmark_repetitions="${DROPIT_BENCH_REPETITIONS:-5}" \
   --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true \
-  --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-2}" "$@"
+  --benchmark_min_time="${DROPIT_BENCH_MIN_TIME:-0.5}" "$@"
 
 strip_host_name "$json"
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import dropit
-from cache_sizes import relu_mask_bytes
+from cache_sizes import chunked_min_k_bytes, relu_mask_bytes
 from cases import DTYPES, POLICIES
 
 
@@ -187,6 +187,38 @@ def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, device)
                                       list(weight.shape), **conv, path=path)
     assert dw.dtype == dtype
     assert_close(dw, w_formula.grad, dtype)
+
+
+def test_layers_reading_one_tensor_share_its_cache(device):
+    """A residual block's first conv and its shortcut read the same activation: one cache serves
+    both (nothing more is held for the second), until the tensor is written in place."""
+    x = torch.randn(8, 16, 12, 12, device=device)
+    body = dropit.nn.Conv2d(16, 16, 3, padding=1, bias=False, gamma=0.9).to(device)
+    between = dropit.nn.Conv2d(16, 16, 3, padding=1, bias=False, gamma=0.9).to(device)
+    shortcut = dropit.nn.Conv2d(16, 32, 1, bias=False, gamma=0.9).to(device)
+    cache_bytes = chunked_min_k_bytes(x.numel(), 0.9, 16384, 4)
+    with dropit.memory.measure(device) as first:
+        y_body = body(x)
+    y_between = between(torch.relu(y_body.detach()))  # another layer compresses in between
+    with dropit.memory.measure(device) as second:
+        y_shortcut = shortcut(x)
+    output_bytes = y_shortcut.numel() * 4
+    assert first.retained_bytes >= y_body.numel() * 4 + cache_bytes
+    assert second.retained_bytes - output_bytes < cache_bytes // 4  # the layout words only
+
+    cache = dropit.functional.compress(x, gamma=0.9)
+    kept = dropit.functional.densify(cache)
+    dz_body, dz_shortcut = torch.randn_like(y_body), torch.randn_like(y_shortcut)
+    (y_body * dz_body).sum().add((y_shortcut * dz_shortcut).sum()).add(y_between.sum()).backward()
+    for layer, dz in ((body, dz_body), (shortcut, dz_shortcut)):
+        w_formula = layer.weight.detach().clone().requires_grad_(True)
+        F.conv2d(kept, w_formula, None, padding=layer.padding).backward(dz)
+        assert_close(layer.weight.grad, w_formula.grad)
+
+    x.mul_(2)  # written in place: the next layer compresses it afresh
+    with dropit.memory.measure(device) as after_write:
+        y_again = shortcut(x)
+    assert after_write.retained_bytes >= y_again.numel() * 4 + cache_bytes
 
 
 def test_weight_grad_path_choice():

@@ -54,7 +54,8 @@ struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
                            "linear input of shape ", shape_of(input), " does not end in ",
                            weight.size(1), " features");
     ctx->saved_data["has_bias"] = bias.defined();
-    const saved_cache cache = weight.requires_grad() ? compress(input, spec) : saved_cache{};
+    const saved_cache cache =
+        weight.requires_grad() ? compress_for_layer(input, spec) : saved_cache{};
     detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::linear(input, weight, bias);
   }
@@ -92,7 +93,8 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     ctx->saved_data["padding"] = torch_pair(params.padding);
     ctx->saved_data["dilation"] = torch_pair(params.dilation);
     ctx->saved_data["groups"] = params.groups;
-    const saved_cache cache = weight.requires_grad() ? compress(input, spec) : saved_cache{};
+    const saved_cache cache =
+        weight.requires_grad() ? compress_for_layer(input, spec) : saved_cache{};
     detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
                       torch_pair(params.dilation), params.groups);

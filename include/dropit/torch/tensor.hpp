@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -245,6 +246,60 @@ inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
     });
   });
   return result;
+}
+
+namespace detail {
+
+/// A cache a layer made, remembered by weak references only: it keeps neither the input nor the
+/// cache alive.
+struct remembered_cache {
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> input, values, positions;
+  std::uint32_t input_version = 0;
+  std::vector<std::int64_t> layout;
+
+  /// The cache of `from` under `wanted` if this is it, still alive, and `from` has not been written
+  /// since (torch's version counter counts every in-place write, views' included).
+  std::optional<saved_cache> find(const at::Tensor& from, const cache_layout& wanted) const {
+    if (!input || from._version() != input_version) return std::nullopt;
+    const auto same_input = input->lock();
+    if (!same_input || same_input.get() != from.unsafeGetTensorImpl()) return std::nullopt;
+    saved_cache cache;
+    cache.layout = wanted;
+    if (cache.packed_layout() != layout) return std::nullopt;
+    auto kept_values = values->lock(), kept_positions = positions->lock();
+    if (!kept_values || !kept_positions) return std::nullopt;
+    cache.values = at::Tensor(std::move(kept_values));
+    cache.positions = at::Tensor(std::move(kept_positions));
+    return cache;
+  }
+
+  void remember(const at::Tensor& from, const saved_cache& cache) {
+    input = c10::weak_intrusive_ptr<c10::TensorImpl>(from.getIntrusivePtr());
+    input_version = from._version();
+    values = c10::weak_intrusive_ptr<c10::TensorImpl>(cache.values.getIntrusivePtr());
+    positions = c10::weak_intrusive_ptr<c10::TensorImpl>(cache.positions.getIntrusivePtr());
+    layout = cache.packed_layout();
+  }
+};
+
+}  // namespace detail
+
+/// `compress` for a layer's forward: when one of the last few layers on this thread compressed the
+/// same tensor, unchanged since, under the same policy, and that cache is still alive, it is shared
+/// instead of compressed again (both layers then save the same cache tensors). A residual block's
+/// first convolution and its shortcut read the same activation, a few layers apart.
+inline saved_cache compress_for_layer(const at::Tensor& input, const policy_spec& spec) {
+  constexpr std::size_t remembered = 8;
+  thread_local std::array<detail::remembered_cache, remembered> recent;
+  thread_local std::size_t next = 0;
+  const cache_layout wanted =
+      plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input"));
+  for (const detail::remembered_cache& entry : recent)
+    if (std::optional<saved_cache> shared = entry.find(input, wanted)) return *shared;
+  saved_cache cache = compress(input, spec);
+  recent[next].remember(input, cache);
+  next = (next + 1) % remembered;
+  return cache;
 }
 
 /// The dense tensor a cache stands for (zeros where nothing was kept).
