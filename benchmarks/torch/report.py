@@ -58,7 +58,7 @@ def ms(entry):
 
 def train_step_table(cases):
     """Rows of train_step/<model>/<variant>/B:<batch>: interleaved dense and dropit steps."""
-    header = ["model", "batch", "steps", "dense ms", "dropit ms", "time dropit/dense",
+    header = ["model", "batch", "repetitions × step pairs", "dense ms", "dropit ms", "time dropit/dense",
               f"target ≤ {TIME_TARGET:.2f}", "dense peak MiB", "dropit peak MiB",
               "peak dropit/dense"]
     rows, verdicts = [], []
@@ -66,14 +66,17 @@ def train_step_table(cases):
         parts = name.split("/")
         if parts[0] != "train_step":
             continue
-        batch = parts[-1].split(":", 1)[1] if parts[-1].startswith("B:") else "?"
+        field = {p.split(":", 1)[0]: p.split(":", 1)[1] for p in parts if ":" in p}
+        batch = field.get("B", "?")
         if entry.get("error_occurred"):
             rows.append([parts[1], batch, "error"] + [""] * (len(header) - 3))
             continue
         met = entry["time_ratio"] <= TIME_TARGET
         verdicts.append(met)
+        repetitions = entry.get("repetitions", 1)
+        steps = f"{repetitions} × {field['iterations']}" if "iterations" in field else "?"
         rows.append([
-            parts[1], batch, str(entry.get("iterations", "?")),
+            parts[1], batch, steps,
             f"{entry['dense_ms']:.1f}", f"{entry['dropit_ms']:.1f}",
             f"{entry['time_ratio']:.3f}", "met" if met else "**missed**",
             f"{entry['dense_peak_bytes'] / 2**20:.1f}", f"{entry['dropit_peak_bytes'] / 2**20:.1f}",
@@ -95,7 +98,7 @@ def weight_grad_table(cases):
     header = ["layer", "γ", "LibTorch dense ms", "sparse ms", "densify + LibTorch ms",
               "faster path", "faster / LibTorch dense"]
     rows = []
-    for layer, times in layers.items():
+    for layer, times in sorted(layers.items()):
         dense = times.get(("torch_dense", None))
         gammas = sorted({g for (_, g) in times if g is not None}, key=float)
         for gamma in gammas:
@@ -134,8 +137,9 @@ def report(context, cases, label):
             "",
             "One step = forward, cross-entropy, backward, optimizer step (SGD with momentum for the "
             "CNN, AdamW for the ViT). Dense and dropit steps alternate (dense, dropit, dropit, "
-            "dense, ...) on the same batch; times are medians over the steps, the time ratio the "
-            "median of the per-step ratios. Peak = the most bytes a step allocated above what was "
+            "dense, ...) on the same batch; within a repetition, times are medians over the steps and "
+            "the time ratio the median of the per-step ratios; the table gives the median over the "
+            "repetitions. Peak = the most bytes a step allocated above what was "
             "live before it (weights, gradients, optimizer state), measured at torch's allocator "
             "by `dropit::torch::MemoryMeter`. dropit = `convert(model, ConvertOptions().relu(true))`:"
             " every Conv2d and Linear but the first at γ = 0.9 (chunked min-k), plus the 1-bit ReLU.",
