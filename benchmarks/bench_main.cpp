@@ -7,11 +7,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <new>
 #include <thread>
 
 #include "bench_common.hpp"
+#include "bench_context.hpp"
 
 #if defined(_OPENMP)
 #include <omp.h>
@@ -167,54 +167,21 @@ std::string policy_params(const policy_spec& spec) {
 
 }  // namespace bench
 
-namespace {
-
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  return "unknown";
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
 
   const int threads = bench::thread_count();
   const std::string count = std::to_string(threads);
-  benchmark::AddCustomContext("cpu_model", cpu_model());
-  benchmark::AddCustomContext("threads", count);
-  benchmark::AddCustomContext(
-      "cpu_isa", dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
-  benchmark::AddCustomContext(
-      "threading", "dropit cpu_backend{" + count +
-                       "} (OpenMP), OpenBLAS openblas_set_num_threads(" + count + ") (reads back " +
-                       std::to_string(openblas_get_num_threads()) +
-                       "), memcpy and im2col baselines on " + count + " OpenMP threads");
+  bench::add_common_context(threads,
+                            "dropit cpu_backend{" + count +
+                                "} (OpenMP), OpenBLAS openblas_set_num_threads(" + count +
+                                ") (reads back " + std::to_string(openblas_get_num_threads()) +
+                                "), memcpy and im2col baselines on " + count + " OpenMP threads",
+                            "the im2col + sgemm baselines (2-6x), not dropit");
   benchmark::AddCustomContext("openblas", openblas_get_config());
   benchmark::AddCustomContext("openblas_core", openblas_get_corename());
-  benchmark::AddCustomContext("dropit_version", std::to_string(DROPIT_VERSION_MAJOR) + "." +
-                                                    std::to_string(DROPIT_VERSION_MINOR) + "." +
-                                                    std::to_string(DROPIT_VERSION_PATCH));
-#if defined(__VERSION__)
-  benchmark::AddCustomContext("compiler", __VERSION__);
-#endif
-  benchmark::AddCustomContext("build", std::string(DROPIT_BENCH_BUILD_TYPE) + ", -O3" +
-                                           (DROPIT_BENCH_NATIVE ? " -march=native" : ""));
   benchmark::AddCustomContext("inputs", "standard normal values (counter-based, fixed seeds)");
-  // libgomp's default wait policy spins after every parallel region, stealing the cores OpenBLAS
-  // needs next: the im2col + sgemm baselines ran 2-6x slower that way, dropit not at all.
-  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-  benchmark::AddCustomContext("omp_wait_policy", wait_policy ? wait_policy : "unset");
-  if (wait_policy == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
-    std::fprintf(stderr,
-                 "warning: OMP_WAIT_POLICY is unset; spinning OpenMP threads slow the im2col + "
-                 "sgemm baselines. benchmarks/run.sh sets OMP_WAIT_POLICY=passive.\n");
 
   bench::register_compress_benchmarks();
   bench::register_weight_grad_benchmarks();

@@ -16,13 +16,12 @@ Usage: report.py RESULTS.json [--label LABEL] [--output cpu.md]
 """
 
 import argparse
-import json
 import os
 import sys
 from collections import OrderedDict
 
-UNIT_TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
-TIMER_SUFFIXES = ("/real_time", "/process_time", "/manual_time")
+import gbench_results
+
 
 # The project's performance targets: (op, predicate on the parsed case, kind, bound, description).
 TARGETS = [
@@ -44,7 +43,7 @@ class Case:
         self.op = parts[0]
         self.labels = [p for p in parts[1:] if ":" not in p]
         self.params = OrderedDict(p.split(":", 1) for p in parts[1:] if ":" in p)
-        self.time_ms = entry["real_time"] * UNIT_TO_MS[entry.get("time_unit", "ns")]
+        self.time_ms = gbench_results.time_ms(entry)
         self.entry = entry
         self.error = entry.get("error_message") if entry.get("error_occurred") else None
 
@@ -60,37 +59,10 @@ class Case:
         return self.entry.get(key)
 
 
-def base_name(entry):
-    name = entry.get("run_name", entry["name"])
-    for suffix in TIMER_SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
 def load(path):
     """Returns (context, cases in run order)."""
-    with open(path) as f:
-        data = json.load(f)
-    chosen = OrderedDict()  # name -> (priority, entry); the median beats the mean beats iterations
-    iterations = OrderedDict()
-    for entry in data.get("benchmarks", []):
-        name = base_name(entry)
-        if entry.get("run_type") == "aggregate":
-            priority = {"median": 2, "mean": 1}.get(entry.get("aggregate_name"))
-            if priority and priority > chosen.get(name, (0, None))[0]:
-                chosen[name] = (priority, entry)
-        else:
-            iterations.setdefault(name, []).append(entry)
-            chosen.setdefault(name, (0, None))
-    cases = []
-    for name, (priority, entry) in chosen.items():
-        if entry is None:  # no aggregates: average the repetitions
-            runs = iterations[name]
-            entry = dict(runs[0])
-            entry["real_time"] = sum(r["real_time"] for r in runs) / len(runs)
-        cases.append(Case(name, entry))
-    return data.get("context", {}), cases
+    context, entries = gbench_results.load(path)
+    return context, [Case(name, entry) for name, entry in entries.items()]
 
 
 def fmt_ms(ms):

@@ -9,24 +9,12 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-build="${DROPIT_BENCH_BUILD_DIR:-$root/build-bench}"
+build="${DROPIT_BENCH_BUILD_DIR:-$(dirname "$here")/build-bench}"
 results="$here/results"
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDROPIT_BUILD_BENCHMARKS=ON \
-  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=OFF -DDROPIT_BENCH_NATIVE=OFF
-cmake --build "$build" --target dropit_bench_cpu -j "${DROPIT_BENCH_JOBS:-2}"
-
-# One thread count for dropit (OpenMP), OpenBLAS and the baselines' OpenMP loops.
-cores="$(nproc)"
-export DROPIT_BENCH_THREADS="${DROPIT_BENCH_THREADS:-$cores}"
-export OMP_NUM_THREADS="$DROPIT_BENCH_THREADS" OPENBLAS_NUM_THREADS="$DROPIT_BENCH_THREADS"
-# libgomp threads spin after each parallel region by default and steal the cores OpenBLAS needs
-# in the im2col + sgemm baselines (2-6x slower there); dropit's own times do not change.
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-
-# A machine label without the host name: CPU model and core count, e.g. amd-epyc-2c.
-. "$here/machine.sh"
+. "$here/run_common.sh"
+build_benchmark "$build" dropit_bench_cpu -DDROPIT_BUILD_EXAMPLES=OFF
+set_benchmark_threads
 label="$(machine_label)"
 json="$results/cpu-$label.json"
 mkdir -p "$results"

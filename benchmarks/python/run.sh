@@ -6,7 +6,7 @@
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
-. "$here/../machine.sh"
+. "$here/../run_common.sh"
 torch_version="$(python3 -c "import torch; print(torch.__version__.split('+')[0])")"
 lib="${DROPIT_BUILD_DIR:-$root/build}/python/torch-$torch_version/lib"
 if [[ -d $lib ]]; then export PYTHONPATH="$lib${PYTHONPATH:+:$PYTHONPATH}"; fi

@@ -1,5 +1,6 @@
 // dropit_bench_torch, against what a LibTorch user already runs:
-// - train_step/<model>/...: full training steps (forward, loss, backward, optimizer step) of the two
+// - train_step/<model>/...: full training steps (forward, loss, backward, optimizer step) of the
+// two
 //   Fashion-MNIST example models, dense and converted to dropit (γ = 0.9, chunked min-k, 1-bit
 //   ReLU), interleaved step by step on the same batch. Counters: median step times, the median of
 //   per-step time ratios, and the peak bytes a step allocates above what was live before it
@@ -19,17 +20,17 @@
 #include <dropit/torch.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "bench_context.hpp"
 #include "data.hpp"
 #include "models.hpp"
+#include "step_timing.hpp"
 #include "threads.hpp"
 
 #ifndef DROPIT_BENCH_FASHION_MNIST_DIR
@@ -106,15 +107,9 @@ struct Trainer {
   }
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
-
-/// Dense and dropit training steps of one model, interleaved (dense, dropit, dropit, dense, ...) so
-/// that a slow spell of a shared machine hits both alike. Each iteration is one step of each; the
-/// counters are medians over the iterations, the time ratio the median of per-iteration ratios.
+/// Dense and dropit training steps of one model, interleaved on the same batch (step_timing.hpp,
+/// shared with the training example). Each iteration is one step of each; the counters are medians
+/// over the iterations, the time ratio the median of per-iteration ratios.
 void train_step(benchmark::State& state, const std::string& kind) {
   Trainer dense(kind, false), dropit(kind, true);
   const Batch& data = batch();
@@ -123,35 +118,18 @@ void train_step(benchmark::State& state, const std::string& kind) {
     dense.step(data);
     dropit.step(data);
   }
-  // One step's time and its peak above what was live before it.
-  const auto measure = [&](Trainer& trainer, std::vector<double>& ms, std::int64_t& peak) {
-    const std::int64_t live = meter.current();
-    meter.reset_peak();
-    const auto start = std::chrono::steady_clock::now();
-    trainer.step(data);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-                     .count());
-    peak = std::max(peak, meter.peak() - live);
-  };
-  std::vector<double> dense_ms, dropit_ms, ratios;
-  std::int64_t dense_peak = 0, dropit_peak = 0;
+  fmnist::InterleavedSteps steps;
   for (auto _ : state) {
-    if (ratios.size() % 2 == 0) {
-      measure(dense, dense_ms, dense_peak);
-      measure(dropit, dropit_ms, dropit_peak);
-    } else {
-      measure(dropit, dropit_ms, dropit_peak);
-      measure(dense, dense_ms, dense_peak);
-    }
-    ratios.push_back(dropit_ms.back() / dense_ms.back());
-    state.SetIterationTime((dense_ms.back() + dropit_ms.back()) / 1e3);
+    steps.pair(
+        meter, [&] { dense.step(data); }, [&] { dropit.step(data); });
+    state.SetIterationTime(steps.last_pair_ms() / 1e3);
   }
-  state.counters["dense_ms"] = median(dense_ms);
-  state.counters["dropit_ms"] = median(dropit_ms);
-  state.counters["time_ratio"] = median(ratios);
-  state.counters["dense_peak_bytes"] = static_cast<double>(dense_peak);
-  state.counters["dropit_peak_bytes"] = static_cast<double>(dropit_peak);
-  state.counters["peak_ratio"] = static_cast<double>(dropit_peak) / static_cast<double>(dense_peak);
+  state.counters["dense_ms"] = steps.dense_ms();
+  state.counters["dropit_ms"] = steps.dropit_ms();
+  state.counters["time_ratio"] = steps.time_ratio();
+  state.counters["dense_peak_bytes"] = static_cast<double>(steps.dense_peak());
+  state.counters["dropit_peak_bytes"] = static_cast<double>(steps.dropit_peak());
+  state.counters["peak_ratio"] = steps.peak_ratio();
   state.counters["parameters"] = static_cast<double>(fmnist::parameter_count(*dense.model));
 }
 
@@ -189,19 +167,22 @@ void weight_grad(benchmark::State& state, const Layer& layer, double gamma, Grad
   // Post-ReLU activations, as the example models' layers see them.
   const at::Tensor x = torch::relu(torch::randn(layer.input));
   const at::Tensor w = torch::randn(layer.weight);
-  const dropit::conv2d_params params = dt::conv2d_params_of(
-      {layer.stride, layer.stride}, {layer.padding, layer.padding}, {1, 1}, 1);
-  const at::Tensor dz = torch::randn_like(
-      layer.conv ? at::conv2d(x, w, {}, dt::torch_pair(params.stride), dt::torch_pair(params.padding))
-                 : at::linear(x, w));
-  const dt::saved_cache cache = dt::compress(
-      x, dt::DropitOptions().gamma(gamma).spec(layer.conv ? 1 : -1, 0));
-  const dt::weight_grad_path path =
-      variant == GradVariant::dropit_sparse ? dt::weight_grad_path::sparse : dt::weight_grad_path::densify;
+  const dropit::conv2d_params params =
+      dt::conv2d_params_of({layer.stride, layer.stride}, {layer.padding, layer.padding}, {1, 1}, 1);
+  const at::Tensor dz =
+      torch::randn_like(layer.conv ? at::conv2d(x, w, {}, dt::torch_pair(params.stride),
+                                                dt::torch_pair(params.padding))
+                                   : at::linear(x, w));
+  const dt::saved_cache cache =
+      dt::compress(x, dt::DropitOptions().gamma(gamma).spec(layer.conv ? 1 : -1, 0));
+  const dt::weight_grad_path path = variant == GradVariant::dropit_sparse
+                                        ? dt::weight_grad_path::sparse
+                                        : dt::weight_grad_path::densify;
   auto run = [&] {
     if (variant == GradVariant::torch_dense)
-      return layer.conv ? std::get<1>(dt::dense_conv2d_backward(dz, x, w, params, {false, true, false}))
-                        : at::mm(dz.t(), x);
+      return layer.conv
+                 ? std::get<1>(dt::dense_conv2d_backward(dz, x, w, params, {false, true, false}))
+                 : at::mm(dz.t(), x);
     return layer.conv ? dt::conv2d_weight_grad(cache, dz, w.sizes(), params, path)
                       : dt::linear_weight_grad(cache, dz, path);
   };
@@ -216,16 +197,6 @@ void weight_grad(benchmark::State& state, const Layer& layer, double gamma, Grad
   state.counters["taps"] = static_cast<double>(taps);
 }
 
-std::string cpu_model() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0) {
-      const auto colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  return "unknown";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -236,31 +207,15 @@ int main(int argc, char** argv) {
       env_int("DROPIT_BENCH_THREADS", static_cast<int>(std::thread::hardware_concurrency()));
   fmnist::set_threads(threads);
   const std::string count = std::to_string(threads);
-  benchmark::AddCustomContext("cpu_model", cpu_model());
-  benchmark::AddCustomContext("threads", count);
-  benchmark::AddCustomContext("threading",
-                              "at::set_num_threads(" + count + ") (reads back " +
-                                  std::to_string(at::get_num_threads()) +
-                                  "): torch's intra-op pool and dropit's CPU backend; OpenBLAS " +
-                                  (openblas_set_num_threads ? count : std::string("not found")));
+  bench::add_common_context(threads,
+                            "at::set_num_threads(" + count + ") (reads back " +
+                                std::to_string(at::get_num_threads()) +
+                                "): torch's intra-op pool and dropit's CPU backend; OpenBLAS " +
+                                (openblas_set_num_threads ? count : std::string("not found")),
+                            "OpenBLAS in the dense ViT step (2x)");
   benchmark::AddCustomContext("torch_version", TORCH_VERSION);
-  benchmark::AddCustomContext(
-      "cpu_isa", dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
   benchmark::AddCustomContext("inputs", batch().source);
   benchmark::AddCustomContext("batch", std::to_string(batch().images.size(0)));
-  const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
-  benchmark::AddCustomContext("omp_wait_policy", wait_policy ? wait_policy : "unset");
-  if (wait_policy == nullptr && std::getenv("GOMP_SPINCOUNT") == nullptr)
-    std::fprintf(stderr,
-                 "warning: OMP_WAIT_POLICY is unset; spinning OpenMP threads slow OpenBLAS (the "
-                 "ViT's dense step ran 2x slower). benchmarks/torch/run.sh sets it to passive.\n");
-#if defined(__VERSION__)
-  benchmark::AddCustomContext("compiler", __VERSION__);
-#endif
-#if defined(DROPIT_BENCH_BUILD_TYPE)
-  benchmark::AddCustomContext("build", std::string(DROPIT_BENCH_BUILD_TYPE) + ", -O3" +
-                                           (DROPIT_BENCH_NATIVE ? " -march=native" : ""));
-#endif
 
   const std::string b = "/B:" + std::to_string(batch().images.size(0));
   const std::pair<const char*, GradVariant> variants[] = {
@@ -271,11 +226,11 @@ int main(int argc, char** argv) {
     for (const double gamma : {0.9, 0.95, 0.97, 0.99})
       for (const auto& [variant_name, variant] : variants) {
         if (variant == GradVariant::torch_dense && gamma != 0.9) continue;  // γ does not apply
-        const std::string name = "weight_grad/" + layer.name + "/" + variant_name +
-                                 (variant == GradVariant::torch_dense
-                                      ? std::string()
-                                      : "/gamma:" + std::to_string(gamma).substr(0, 4)) +
-                                 b;
+        const std::string name =
+            "weight_grad/" + layer.name + "/" + variant_name +
+            (variant == GradVariant::torch_dense ? std::string()
+                                                 : "/gamma:" + std::to_string(gamma).substr(0, 4)) +
+            b;
         benchmark::RegisterBenchmark(name.c_str(),
                                      [layer, gamma, variant](benchmark::State& state) {
                                        weight_grad(state, layer, gamma, variant);

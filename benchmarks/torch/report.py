@@ -12,48 +12,17 @@ Usage: report.py RESULTS.json [--label LABEL] [--output torch.md]
 """
 
 import argparse
-import json
+import os
 import sys
 from collections import OrderedDict
 
-UNIT_TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gbench_results  # noqa: E402  (benchmarks/gbench_results.py)
+
 TIME_TARGET = 1.00
 
 
-def base_name(entry):
-    name = entry.get("run_name", entry["name"])
-    for suffix in ("/real_time", "/process_time", "/manual_time"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-def load(path):
-    """Returns (context, {name: entry}) with one entry per case (median > mean > average)."""
-    with open(path) as f:
-        data = json.load(f)
-    chosen, runs = OrderedDict(), OrderedDict()
-    for entry in data.get("benchmarks", []):
-        name = base_name(entry)
-        if entry.get("run_type") == "aggregate":
-            priority = {"median": 2, "mean": 1}.get(entry.get("aggregate_name"), 0)
-            if priority > chosen.get(name, (0, None))[0]:
-                chosen[name] = (priority, entry)
-        else:
-            runs.setdefault(name, []).append(entry)
-            chosen.setdefault(name, (0, None))
-    cases = OrderedDict()
-    for name, (_, entry) in chosen.items():
-        if entry is None:
-            reps = runs[name]
-            entry = dict(reps[0])
-            entry["real_time"] = sum(r["real_time"] for r in reps) / len(reps)
-        cases[name] = entry
-    return data.get("context", {}), cases
-
-
-def ms(entry):
-    return entry["real_time"] * UNIT_TO_MS[entry.get("time_unit", "ns")]
+ms = gbench_results.time_ms
 
 
 def train_step_table(cases):
@@ -171,7 +140,7 @@ def main():
     parser.add_argument("--label", default="this machine")
     parser.add_argument("--output")
     args = parser.parse_args()
-    context, cases = load(args.results)
+    context, cases = gbench_results.load(args.results)
     text = report(context, cases, args.label)
     sys.stdout.write(text)
     if args.output:

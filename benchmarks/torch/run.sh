@@ -16,18 +16,10 @@ root="$(cd "$here/../.." && pwd)"
 build="${DROPIT_BENCH_BUILD_DIR:-$root/build-bench}"
 results="$root/benchmarks/results"
 
+. "$here/../run_common.sh"
 # Examples ON: their build unpacks Fashion-MNIST, so the step runs on a real batch.
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDROPIT_BUILD_BENCHMARKS=ON \
-  -DDROPIT_BUILD_TESTS=OFF -DDROPIT_BUILD_EXAMPLES=ON -DDROPIT_BUILD_TORCH=ON
-cmake --build "$build" --target dropit_bench_torch -j "${DROPIT_BENCH_JOBS:-2}"
-
-cores="$(nproc)"
-export DROPIT_BENCH_THREADS="${DROPIT_BENCH_THREADS:-$cores}"
-# libgomp threads spin after each parallel region by default and steal the cores OpenBLAS (linear
-# layers) needs; sleeping threads cost neither side anything measurable.
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
-
-. "$here/../machine.sh"
+build_benchmark "$build" dropit_bench_torch -DDROPIT_BUILD_EXAMPLES=ON -DDROPIT_BUILD_TORCH=ON
+set_benchmark_threads
 label="$(machine_label)"
 json="$results/torch-$label.json"
 mkdir -p "$results"

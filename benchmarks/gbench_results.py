@@ -1,0 +1,48 @@
+"""Reading Google Benchmark JSON output, shared by the benchmarks' report writers.
+
+One entry per case: the median aggregate when the file holds aggregates (else the mean), otherwise
+the average of the reported runs. Standard library only.
+"""
+
+import json
+from collections import OrderedDict
+
+UNIT_TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
+TIMER_SUFFIXES = ("/real_time", "/process_time", "/manual_time")
+
+
+def base_name(entry):
+    """The case's name without the timer suffix Google Benchmark appends."""
+    name = entry.get("run_name", entry["name"])
+    for suffix in TIMER_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def time_ms(entry):
+    return entry["real_time"] * UNIT_TO_MS[entry.get("time_unit", "ns")]
+
+
+def load(path):
+    """Returns (context, OrderedDict case name -> entry, in run order)."""
+    with open(path) as f:
+        data = json.load(f)
+    chosen = OrderedDict()  # name -> (priority, entry); the median beats the mean beats the runs
+    runs = OrderedDict()
+    for entry in data.get("benchmarks", []):
+        name = base_name(entry)
+        if entry.get("run_type") == "aggregate":
+            priority = {"median": 2, "mean": 1}.get(entry.get("aggregate_name"), 0)
+            if priority > chosen.get(name, (0, None))[0]:
+                chosen[name] = (priority, entry)
+        else:
+            runs.setdefault(name, []).append(entry)
+            chosen.setdefault(name, (0, None))
+    cases = OrderedDict()
+    for name, (_, entry) in chosen.items():
+        if entry is None:  # no aggregates: average the runs
+            entry = dict(runs[name][0])
+            entry["real_time"] = sum(r["real_time"] for r in runs[name]) / len(runs[name])
+        cases[name] = entry
+    return data.get("context", {}), cases
