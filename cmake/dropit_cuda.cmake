@@ -52,3 +52,17 @@ if(DROPIT_BUILD_CUDA)
   dropit_install_component(cuda TARGETS dropit_cuda dropit_cuda_instances
                            CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda.cmake.in)
 endif()
+
+# dropit::torch_cuda: the LibTorch adapters on CUDA tensors. nvcc cannot compile LibTorch's headers
+# as C++20, so the adapters (compiled by the host compiler) reach the kernels through
+# dropit/cuda.hpp and the instances of dropit::cuda_instances. Defined when both dropit::torch and
+# dropit::cuda are built and the LibTorch found is a CUDA build (e.g. the one inside PyPI's torch).
+if(DROPIT_BUILD_CUDA AND TARGET dropit_torch AND TORCH_CUDA_LIBRARIES)
+  add_library(dropit_torch_cuda INTERFACE)
+  add_library(dropit::torch_cuda ALIAS dropit_torch_cuda)
+  set_target_properties(dropit_torch_cuda PROPERTIES EXPORT_NAME torch_cuda)
+  target_link_libraries(dropit_torch_cuda INTERFACE dropit_torch dropit_cuda_instances)
+  target_compile_definitions(dropit_torch_cuda INTERFACE DROPIT_TORCH_CUDA=1)
+  dropit_install_component(torch_cuda TARGETS dropit_torch_cuda
+                           CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-torch_cuda.cmake.in)
+endif()

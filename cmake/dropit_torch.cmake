@@ -30,6 +30,14 @@ if(DROPIT_BUILD_TORCH)
   # Some CPU builds of LibTorch ship CUDA headers too; only its CUDA libraries prove CUDA support.
   if(TORCH_CUDA_LIBRARIES)
     target_compile_definitions(dropit_torch INTERFACE DROPIT_TORCH_WITH_CUDA=1)
+    # PyPI's torch loads the CUDA libraries of its own nvidia-* wheels (site-packages/nvidia/*/lib),
+    # which may be newer than the CUDA toolkit's: the linker must resolve libtorch_cuda's
+    # dependencies there, not in the toolkit directory CMake puts on the rpath (libnccl.so.2
+    # differs). The installed component does the same (dropit-torch.cmake.in).
+    file(GLOB _dropit_wheel_libs LIST_DIRECTORIES true "${TORCH_INSTALL_PREFIX}/../nvidia/*/lib")
+    foreach(dir IN LISTS _dropit_wheel_libs)
+      target_link_options(dropit_torch INTERFACE "$<BUILD_INTERFACE:LINKER:-rpath-link,${dir}>")
+    endforeach()
   endif()
   dropit_install_component(torch TARGETS dropit_torch CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-torch.cmake.in)
 endif()

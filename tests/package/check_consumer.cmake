@@ -6,10 +6,14 @@
 #   add_subdirectory         add_subdirectory(<source tree>)
 #   add_subdirectory_torch   the same with DROPIT_BUILD_TORCH ON, the consumer not finding Torch
 #                            itself, and a second program using dropit::torch
+#   add_subdirectory_torch_cuda  the same against a CUDA build of LibTorch (TORCH_PREFIX: PyPI
+#                            torch's), with DROPIT_BUILD_CUDA ON and a third program using
+#                            dropit::torch_cuda; CUDA_COMPILER and CUDA_ARCHITECTURES required
 #   fetchcontent             FetchContent with FETCHCONTENT_SOURCE_DIR_DROPIT=<source tree>
 #
 # Inputs (-D): MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER CTEST_COMMAND VERSION EXPECT_OPENMP,
-# optional MAKE_PROGRAM and TORCH_PREFIX (add_subdirectory_torch). WORK_DIR is wiped first.
+# optional MAKE_PROGRAM, TORCH_PREFIX (the add_subdirectory_torch modes), CUDA_COMPILER and
+# CUDA_ARCHITECTURES (comma-separated, e.g. 80,90). WORK_DIR is wiped first.
 cmake_minimum_required(VERSION 3.21)
 
 foreach(var MODE SOURCE_DIR WORK_DIR GENERATOR CXX_COMPILER CTEST_COMMAND VERSION)
@@ -92,9 +96,13 @@ if(MODE MATCHES "^find_package")
        "-DDROPIT_EXPECT_VERSION=${VERSION}" "-DDROPIT_EXPECT_DIR=${config_dir}")
 elseif(MODE MATCHES "^add_subdirectory")
   list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=${MODE} "-DDROPIT_SOURCE_DIR=${SOURCE_DIR}")
-  if(MODE STREQUAL "add_subdirectory_torch")
-    # Where the parent build found LibTorch; the consumer passes it on without find_package.
+  if(MODE MATCHES "^add_subdirectory_torch")
+    # Where LibTorch is; the consumer passes it on without find_package.
     list(APPEND consumer_args "-DCMAKE_PREFIX_PATH=${TORCH_PREFIX}")
+  endif()
+  if(MODE STREQUAL "add_subdirectory_torch_cuda")
+    list(APPEND consumer_args "-DCMAKE_CUDA_COMPILER=${CUDA_COMPILER}"
+         "-DDROPIT_CONSUMER_CUDA_ARCHS=${CUDA_ARCHITECTURES}")
   endif()
 elseif(MODE STREQUAL "fetchcontent")
   list(APPEND consumer_args -DDROPIT_CONSUMER_MODE=fetchcontent

@@ -60,8 +60,10 @@ struct cuda_memory {
 /// Current and peak bytes the CUDA caching allocator has handed out on `device`.
 inline cuda_memory cuda_allocated(int device) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device);
-  const auto& all = stats.allocated_bytes[static_cast<std::size_t>(
-      c10::cuda::CUDACachingAllocator::StatType::AGGREGATE)];
+  // Index 0 is StatType::AGGREGATE (both pools) in every LibTorch; the enum itself moved from
+  // c10::cuda::CUDACachingAllocator to c10::CachingAllocator and then to c10.
+  constexpr std::size_t aggregate = 0;
+  const auto& all = stats.allocated_bytes[aggregate];
   return {all.current, all.peak};
 }
 
