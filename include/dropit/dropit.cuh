@@ -182,10 +182,7 @@ void conv2d_weight_grad(const cuda_backend& backend, cache_view<const std::type_
 template <storage_type T>
 void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> y,
                     std::uint32_t* words) {
-  const std::int64_t n = y.numel();
-  detail::expect_data(y, "ReLU output");
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
-                 " words are required");
+  const std::int64_t n = detail::check_pack_relu_mask(y, words);
   detail::cuda::expect_device_view(y, "ReLU output");
   detail::cuda::expect_device_accessible(words, static_cast<std::size_t>(relu_mask_words(n)) * 4,
                                          "ReLU mask buffer");
@@ -197,13 +194,7 @@ void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_ide
 template <storage_type T>
 void relu_with_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> x,
                     tensor_view<T> y, std::uint32_t* words) {
-  detail::expect_data(x, "ReLU input");
-  detail::expect_data(y, "ReLU output");
-  detail::expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ",
-                 y.shape);
-  const std::int64_t n = x.numel();
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
-                 " words are required");
+  const std::int64_t n = detail::check_relu_with_mask(x, y, words);
   detail::cuda::expect_device_view(x, "ReLU input");
   detail::cuda::expect_device_view(y, "ReLU output");
   detail::cuda::expect_device_accessible(words, static_cast<std::size_t>(relu_mask_words(n)) * 4,
@@ -215,12 +206,7 @@ void relu_with_mask(const cuda_backend& backend, tensor_view<const std::type_ide
 template <storage_type T>
 void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx) {
-  detail::expect_data(dy, "ReLU dy");
-  detail::expect_data(dx, "ReLU dx");
-  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
-                 dx.shape);
-  const std::int64_t n = dy.numel();
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
+  const std::int64_t n = detail::check_apply_relu_mask(words, dy, dx);
   detail::cuda::expect_device_view(dy, "ReLU dy");
   detail::cuda::expect_device_view(dx, "ReLU dx");
   detail::cuda::expect_device_accessible(words, static_cast<std::size_t>(relu_mask_words(n)) * 4,

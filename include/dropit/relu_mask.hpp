@@ -23,6 +23,41 @@ namespace dropit {
 /// 32-bit words of the mask of `n` elements.
 DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { return (n + 31) / 32; }
 
+namespace detail {
+
+// The checks of the ReLU mask operations, shared by every backend; each returns the element count.
+
+template <class Y>
+std::int64_t check_pack_relu_mask(const tensor_view<Y>& y, const std::uint32_t* words) {
+  const std::int64_t n = y.numel();
+  expect_data(y, "ReLU output");
+  expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
+         " words are required");
+  return n;
+}
+
+template <class X, class Y>
+std::int64_t check_relu_with_mask(const tensor_view<X>& x, const tensor_view<Y>& y,
+                                  const std::uint32_t* words) {
+  expect_data(x, "ReLU input");
+  expect_data(y, "ReLU output");
+  expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ", y.shape);
+  return check_pack_relu_mask(y, words);
+}
+
+template <class DY, class DX>
+std::int64_t check_apply_relu_mask(const std::uint32_t* words, const tensor_view<DY>& dy,
+                                   const tensor_view<DX>& dx) {
+  expect_data(dy, "ReLU dy");
+  expect_data(dx, "ReLU dx");
+  expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ", dx.shape);
+  const std::int64_t n = dy.numel();
+  expect(words != nullptr || n == 0, "ReLU mask buffer is null");
+  return n;
+}
+
+}  // namespace detail
+
 namespace detail::cpu {
 
 /// Calls `visit(first_word, last_word)` over the mask words of `n` elements, in parallel work items
@@ -89,10 +124,7 @@ DROPIT_CPU_DISPATCH(apply_mask_words)
 template <storage_type T>
 void pack_relu_mask(const cpu_backend& backend, tensor_view<const std::type_identity_t<T>> y,
                     std::uint32_t* words) {
-  const std::int64_t n = y.numel();
-  detail::expect_data(y, "ReLU output");
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
-                 " words are required");
+  const std::int64_t n = detail::check_pack_relu_mask(y, words);
   detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
     detail::cpu::pack_mask_words(y.data, static_cast<T*>(nullptr), words, n, first, last);
   });
@@ -103,13 +135,7 @@ void pack_relu_mask(const cpu_backend& backend, tensor_view<const std::type_iden
 template <storage_type T>
 void relu_with_mask(const cpu_backend& backend, tensor_view<const std::type_identity_t<T>> x,
                     tensor_view<T> y, std::uint32_t* words) {
-  detail::expect_data(x, "ReLU input");
-  detail::expect_data(y, "ReLU output");
-  detail::expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ",
-                 y.shape);
-  const std::int64_t n = x.numel();
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null but ", relu_mask_words(n),
-                 " words are required");
+  const std::int64_t n = detail::check_relu_with_mask(x, y, words);
   detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
     detail::cpu::pack_mask_words(x.data, y.data, words, n, first, last);
   });
@@ -119,12 +145,7 @@ void relu_with_mask(const cpu_backend& backend, tensor_view<const std::type_iden
 template <storage_type T>
 void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words,
                      tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx) {
-  detail::expect_data(dy, "ReLU dy");
-  detail::expect_data(dx, "ReLU dx");
-  detail::expect(dy.shape == dx.shape, "ReLU gradient shapes differ: dy ", dy.shape, " vs dx ",
-                 dx.shape);
-  const std::int64_t n = dy.numel();
-  detail::expect(words != nullptr || n == 0, "ReLU mask buffer is null");
+  const std::int64_t n = detail::check_apply_relu_mask(words, dy, dx);
   detail::cpu::for_each_mask_word_range(backend, n, [&](std::int64_t first, std::int64_t last) {
     detail::cpu::apply_mask_words(words, dy.data, dx.data, n, first, last);
   });
