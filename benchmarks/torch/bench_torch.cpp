@@ -9,7 +9,7 @@
 //   the example models: LibTorch's own kernel on the dense input (torch_dense), dropit's sparse
 //   kernel on the cache (dropit_sparse), densify + LibTorch's kernel (dropit_densify). The cost
 //   model of dropit::torch::sparse_weight_grad_crossover is fitted to these.
-// benchmarks/torch/report.py turns the JSON output into the tables of benchmarks/results/torch.md.
+// benchmarks/torch/report.py turns the JSON output into the tables of benchmarks/results/torch-<machine>.md.
 //
 // Environment: DROPIT_BENCH_THREADS (default: every core) sets torch's, OpenBLAS's and dropit's
 // thread count; DROPIT_BENCH_BATCH (128); DROPIT_BENCH_STEPS (interleaved step pairs, 60);

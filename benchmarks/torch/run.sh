@@ -4,7 +4,7 @@
 # dropit γ = 0.9 chunked min-k + 1-bit ReLU, and each layer's weight gradient by dropit's two paths
 # against LibTorch's own kernel.
 #   benchmarks/results/torch-<machine>.json   Google Benchmark output (host name removed)
-#   benchmarks/results/torch.md               ratio table from benchmarks/torch/report.py
+#   benchmarks/results/torch-<machine>.md     ratio tables from benchmarks/torch/report.py
 # Arguments go to the benchmark binary. Environment: DROPIT_BENCH_BUILD_DIR (default build-bench),
 # DROPIT_BENCH_JOBS (2), DROPIT_BENCH_THREADS (every core), DROPIT_BENCH_BATCH (128),
 # DROPIT_BENCH_STEPS (interleaved step pairs per repetition, 60), DROPIT_BENCH_MIN_TIME (seconds
@@ -34,5 +34,5 @@ mkdir -p "$results"
 
 strip_host_name "$json"
 
-python3 "$here/report.py" "$json" --label "$label" --output "$results/torch.md"
-echo "wrote $json and $results/torch.md"
+python3 "$here/report.py" "$json" --label "$label" --output "$results/torch-$label.md"
+echo "wrote $json and $results/torch-$label.md"

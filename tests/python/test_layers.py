@@ -226,19 +226,21 @@ def test_weight_grad_path_choice():
         cache = dropit.functional.compress(torch.randn(4096, dtype=dtype), gamma=gamma)
         return dropit._C.preferred_weight_grad_path(cache.layout, conv2d, row_width, taps, device)
 
-    # On the CPU the sparse kernel only from the crossovers the weight_grad benchmark measured.
-    # Where AVX-512 is used the sparse kernel must keep half as many elements.
+    # On the CPU the sparse kernel only from the crossovers the weight_grad benchmark measured,
+    # which lie closer to 1 where AVX-512 is used (oneDNN's dense kernels are faster there).
     wide = dropit._C.cpu_isa == "avx512"
     assert preferred(0.5, True, 64, 9) == "densify"
     assert preferred(0.9, True, 64, 9) == ("densify" if wide else "sparse")
     assert preferred(0.95, True, 64, 9) == "sparse"
+    assert preferred(0.95, True, 32, 9) == ("densify" if wide else "sparse")
+    assert preferred(0.97, True, 32, 9) == "sparse"
     assert preferred(0.9, True, 16, 9) == "densify"
     assert preferred(0.99, True, 16, 9) == "sparse"
     assert preferred(0.95, True, 32, 1) == "densify"
     assert preferred(0.99, True, 32, 1) == "sparse"
     assert preferred(0.9, False, 288, 1) == "densify"
     assert preferred(0.97, False, 96, 1) == "densify"
-    assert preferred(0.999, False, 96, 1) == "sparse"
+    assert preferred(0.999, False, 96, 1) == ("densify" if wide else "sparse")
     # 16-bit caches: the sparse kernel, which accumulates in float and rounds once.
     assert preferred(0.5, True, 64, 9, dtype=torch.bfloat16) == "sparse"
     # Elsewhere torch's library kernels on the densified cache.

@@ -372,23 +372,23 @@ struct weight_grad_layer {
 
 /// The smallest drop rate at which dropit's sparse kernel beats densify + torch's kernel on the
 /// CPU. Fitted to the crossovers `dropit_bench_torch`'s weight_grad cases measured on the example
-/// models' layers (benchmarks/results/torch.md). The sparse kernels do one multiply-add row of
-/// `row_width` per kept element and tap: wide rows and 3x3 kernels amortise the per-element cost,
-/// and win from γ = 0.9; 16-wide rows and 1x1 kernels only near 0.95 and 0.97; linear layers,
-/// whose dense GEMM is the most efficient of all, only when wide and at 0.95.
+/// models' layers (benchmarks/results/torch-*.json), on the two kinds of processor the sparse
+/// kernels are dispatched for. The sparse kernels do one multiply-add row of `row_width` per kept
+/// element and tap: wide rows and 3x3 kernels amortise the per-element cost. With AVX2 (AMD EPYC)
+/// they win on 3x3 convolutions from γ = 0.9 (≥ 32-wide rows) or 0.95, on 1x1 from 0.97, on
+/// linear layers only when wide, from 0.95. Where AVX-512 is used (Intel Xeon), oneDNN's dense
+/// kernels ran 2-4x faster and the crossovers move towards 1: 0.95 (≥ 64-wide), 0.97 (≥ 32) and
+/// 0.99 on 3x3 convolutions, 0.99 on 1x1, and never up to 0.99 on linear layers.
 inline double sparse_weight_grad_crossover(const weight_grad_layer& layer) {
-  double crossover = 0.99;
-  if (layer.conv2d && layer.taps >= 9)
-    crossover = layer.row_width >= 32 ? 0.9 : 0.95;
-  else if (layer.conv2d)
-    crossover = 0.97;
-  else if (layer.row_width >= 192)
-    crossover = 0.95;
-  // Where the processor has AVX-512, torch's kernels use it and dropit's gradient rows stay 8
-  // floats wide: the sparse kernel must keep half as many elements to win.
-  if (dropit::detail::cpu::active_cpu_isa() == dropit::detail::cpu::cpu_isa::avx512)
-    crossover = 1.0 - (1.0 - crossover) / 2;
-  return crossover;
+  const bool avx512 =
+      dropit::detail::cpu::active_cpu_isa() == dropit::detail::cpu::cpu_isa::avx512;
+  if (layer.conv2d && layer.taps >= 9) {
+    if (avx512) return layer.row_width >= 64 ? 0.95 : layer.row_width >= 32 ? 0.97 : 0.99;
+    return layer.row_width >= 32 ? 0.9 : 0.95;
+  }
+  if (layer.conv2d) return avx512 ? 0.99 : 0.97;
+  if (avx512) return 1.0;
+  return layer.row_width >= 192 ? 0.95 : 0.99;
 }
 
 /// The faster way to compute the weight gradient of `layer` cached in `layout`: on a GPU always
