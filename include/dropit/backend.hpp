@@ -1,7 +1,9 @@
 #pragma once
 /// @file
 /// Backend tags. Every operation takes one as its first argument, the way Thrust takes an
-/// execution policy. The CUDA backend lives in `dropit.cuh`.
+/// execution policy: each operation has one public entry point, templated on the backend, that
+/// checks its arguments once and dispatches to `detail::backend_ops<Backend>`. The CPU backend is
+/// always there; the CUDA backend is declared in `cuda.hpp` and defined in `dropit.cuh`.
 
 #include <cstddef>
 #include <cstdint>
@@ -37,5 +39,23 @@ enum class grad_mode : std::uint8_t { overwrite, accumulate };
 
 /// Caller-provided scratch memory for the expert overloads.
 using workspace = std::span<std::byte>;
+
+namespace detail {
+
+/// The operations a backend implements, as static members of a specialisation per backend:
+/// `backend_ops<cpu_backend>` in detail/cpu/backend_ops.hpp, `backend_ops<cuda_backend>` in
+/// cuda.hpp. They receive operands the entry point has checked (shapes, layouts, buffers, the
+/// workspace's size and, through the backend's `expect_accessible`, where the memory lives).
+/// The primary template is empty: a type without a specialisation is no backend.
+template <class Backend>
+struct backend_ops {};
+
+}  // namespace detail
+
+/// A type that selects a backend: one with a `detail::backend_ops` specialisation.
+template <class Backend>
+concept backend_type = requires {
+  detail::backend_ops<Backend>::name;
+};
 
 }  // namespace dropit

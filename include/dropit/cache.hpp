@@ -23,6 +23,7 @@
 #include <ostream>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "config.hpp"
@@ -276,9 +277,8 @@ inline void validate_layout(const cache_layout& layout) {
          "cache layout encoding ", static_cast<int>(layout.encoding),
          " is unknown; expected 0 (bitmask), 1 (offsets), 2 (seeded) or 3 (channel_list)");
   layout.shape.validate("cache layout");
-  const policy_spec spec{layout.selection,  layout.channel_granularity,
-                         layout.channel_axis, layout.gamma,
-                         layout.chunk_size, layout.seed,
+  const policy_spec spec{layout.selection, layout.channel_granularity, layout.channel_axis,
+                         layout.gamma,     layout.chunk_size,          layout.seed,
                          layout.rescale};
   const cache_layout planned = plan_cache(spec, layout.shape, layout.type);
   const auto expect_field = [&](const char* field, auto got, auto want) {
@@ -286,8 +286,7 @@ inline void validate_layout(const cache_layout& layout) {
            name_of(layout.encoding), " layout of shape ", layout.shape, " at gamma ", layout.gamma,
            " has ", +want, " (plan layouts with plan_cache)");
   };
-  expect_field("encoding", static_cast<int>(layout.encoding),
-               static_cast<int>(planned.encoding));
+  expect_field("encoding", static_cast<int>(layout.encoding), static_cast<int>(planned.encoding));
   expect_field("seed", layout.seed, planned.seed);
   expect_field("rescale", layout.rescale, planned.rescale);
   expect_field("chunk_size", layout.chunk_size, planned.chunk_size);
@@ -319,7 +318,11 @@ struct cache_view {
   T* values = nullptr;
   void* positions = nullptr;
 
-  operator cache_view<const T>() const { return {layout, values, positions}; }
+  // A template, so that cache_view<const T> declares no conversion to itself.
+  template <class U = T>
+  requires(!std::is_const_v<U>) operator cache_view<const U>() const {
+    return {layout, values, positions};
+  }
 };
 
 /// A cache that owns host storage.

@@ -1,11 +1,12 @@
 #pragma once
 /// @file
 /// compress (sparsify a dense tensor into a cache) and densify (expand a cache back, zeros where
-/// nothing was kept).
+/// nothing was kept), on any backend.
 ///
 /// Expert overloads take the cache's buffers and a workspace whose size the matching
-/// `*_workspace_bytes` query returns; they allocate nothing. Convenience overloads own their
-/// memory.
+/// `*_workspace_bytes` query returns; they allocate nothing. On the CUDA backend every buffer is
+/// device-accessible and the work is enqueued on the backend's stream. Convenience overloads (CPU)
+/// own their memory.
 
 #include <cstddef>
 #include <type_traits>
@@ -13,7 +14,8 @@
 
 #include "backend.hpp"
 #include "cache.hpp"
-#include "detail/cpu/cache_ops.hpp"
+#include "detail/common/operands.hpp"
+#include "detail/cpu/backend_ops.hpp"
 #include "shape.hpp"
 
 namespace dropit {
@@ -32,19 +34,25 @@ void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tens
 }  // namespace detail
 
 /// Workspace bytes `compress` needs on `backend` for a cache of `layout`.
-template <storage_type T>
-std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+template <storage_type T, backend_type Backend>
+std::size_t compress_workspace_bytes(const Backend& backend, const cache_layout& layout) {
   detail::expect_layout<T>(layout);
-  return detail::cpu::compress_workspace_bytes<T>(backend, layout);
+  return detail::backend_ops<Backend>::template compress_workspace_bytes<T>(backend, layout);
 }
 
 /// Sparsifies `input` into the caller's cache buffers `out` (planned with `plan_cache`).
-template <storage_type T>
-void compress(const cpu_backend& backend, tensor_view<const std::type_identity_t<T>> input,
+template <storage_type T, backend_type Backend>
+void compress(const Backend& backend, tensor_view<const std::type_identity_t<T>> input,
               cache_view<T> out, workspace scratch) {
+  using ops = detail::backend_ops<Backend>;
   detail::expect_input_matches<T>(out.layout, input, "compress input");
   detail::expect_buffers(out);
-  detail::cpu::compress(backend, input.data, out, scratch);
+  detail::expect_accessible(backend, input, "compress input");
+  detail::expect_accessible(backend, out);
+  detail::expect_workspace(backend, scratch,
+                           ops::template compress_workspace_bytes<T>(backend, out.layout),
+                           "compress", "compress workspace");
+  ops::template compress<T>(backend, input.data, out, scratch);
 }
 
 /// Sparsifies `input` under policy `p` into a new cache.
@@ -58,20 +66,26 @@ cache<T> compress(const cpu_backend& backend, const P& p, tensor_view<U> input) 
 }
 
 /// Workspace bytes `densify` needs on `backend` for a cache of `layout`.
-template <storage_type T>
-std::size_t densify_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+template <storage_type T, backend_type Backend>
+std::size_t densify_workspace_bytes(const Backend& backend, const cache_layout& layout) {
   detail::expect_layout<T>(layout);
-  return detail::cpu::densify_workspace_bytes<T>(backend, layout);
+  return detail::backend_ops<Backend>::template densify_workspace_bytes<T>(backend, layout);
 }
 
 /// Writes the dense tensor a cache stands for into `out`: kept values (scaled by n/k for random
 /// selection with `rescale`), zeros elsewhere.
-template <storage_type T>
-void densify(const cpu_backend& backend, cache_view<const std::type_identity_t<T>> cache,
+template <storage_type T, backend_type Backend>
+void densify(const Backend& backend, cache_view<const std::type_identity_t<T>> cache,
              tensor_view<T> out, workspace scratch) {
+  using ops = detail::backend_ops<Backend>;
   detail::expect_input_matches<T>(cache.layout, out, "densify output");
   detail::expect_buffers(cache);
-  detail::cpu::densify(backend, cache, out.data, scratch);
+  detail::expect_accessible(backend, cache);
+  detail::expect_accessible(backend, out, "densify output");
+  detail::expect_workspace(backend, scratch,
+                           ops::template densify_workspace_bytes<T>(backend, cache.layout),
+                           "densify", "densify workspace");
+  ops::template densify<T>(backend, cache, out.data, scratch);
 }
 
 /// Densifies into a new vector.

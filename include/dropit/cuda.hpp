@@ -1,23 +1,28 @@
 #pragma once
 /// @file
 /// The CUDA backend as seen by code that is not compiled by nvcc: `cuda_backend` and the
-/// declarations of its operations (compress, densify, the weight gradients, the ReLU mask and their
-/// workspace queries), for float, half and bfloat16. A host compiler (g++, clang) only needs the
-/// CUDA runtime's headers to include it; the definitions are in `dropit.cuh`, and one translation
-/// unit compiled by nvcc instantiates them for a program: `dropit/cuda_instances.cu` (CMake:
-/// link `dropit::cuda_instances`). That is how the LibTorch adapters, compiled by the host compiler
-/// against LibTorch's headers (which nvcc cannot compile as C++20), reach the CUDA kernels.
+/// declarations of its operations (`detail::backend_ops<cuda_backend>`), for float, half and
+/// bfloat16. With it, the public entry points (compress, densify, the weight gradients, the ReLU
+/// mask and their workspace queries) take a `cuda_backend` as they take the CPU one. A host
+/// compiler (g++, clang) only needs the CUDA runtime's headers to include this; the definitions are
+/// in `dropit.cuh`, and one translation unit compiled by nvcc instantiates them for a program:
+/// `dropit/cuda_instances.cu` (CMake: link `dropit::cuda_instances`). That is how the LibTorch
+/// adapters, compiled by the host compiler against LibTorch's headers (which nvcc cannot compile
+/// as C++20), reach the CUDA kernels.
 ///
-/// Semantics (see dropit.cuh): buffers are device-accessible, the call validates on the host and
-/// throws `dropit::error`, enqueues its kernels on `backend.stream`, allocates nothing and never
-/// synchronises the device.
+/// Semantics: buffers are device-accessible (device memory of the current device, managed or
+/// pinned memory), the call validates on the host and throws `dropit::error`, enqueues its kernels
+/// on `backend.stream`, allocates nothing and never synchronises the device, so buffers must stay
+/// alive until the stream has run the work. Results equal the CPU backend's: kept sets, values and
+/// cache bytes bit for bit; weight gradients up to float summation order. Errors of kernels that
+/// already ran surface at the caller's next CUDA synchronisation, as usual.
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
+#include "detail/cuda/runtime.hpp"
 #include "dropit.hpp"
 
 namespace dropit {
@@ -28,43 +33,52 @@ struct cuda_backend {
   cudaStream_t stream = nullptr;
 };
 
-template <storage_type T>
-std::size_t compress_workspace_bytes(const cuda_backend&, const cache_layout& layout);
-template <storage_type T>
-void compress(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> input,
-              cache_view<T> out, workspace scratch);
+namespace detail {
 
-template <storage_type T>
-std::size_t densify_workspace_bytes(const cuda_backend&, const cache_layout& layout);
-template <storage_type T>
-void densify(const cuda_backend& backend, cache_view<const std::type_identity_t<T>> cache,
-             tensor_view<T> out, workspace scratch);
+template <>
+struct backend_ops<cuda_backend> {
+  static constexpr const char* name = "CUDA";
 
-template <storage_type T>
-std::size_t linear_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& a,
-                                               const shape& dz, const shape& dw);
-template <storage_type T>
-void linear_weight_grad(const cuda_backend& backend, cache_view<const std::type_identity_t<T>> a,
-                        tensor_view<const std::type_identity_t<T>> dz, tensor_view<T> dw,
-                        grad_mode mode, workspace scratch);
+  static void expect_accessible(const cuda_backend&, const void* pointer, std::size_t bytes,
+                                const char* what) {
+    cuda::expect_device_accessible(pointer, bytes, what);
+  }
 
-template <storage_type T>
-std::size_t conv2d_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& x,
-                                               const shape& dz, const shape& dw,
-                                               const conv2d_params& params);
-template <storage_type T>
-void conv2d_weight_grad(const cuda_backend& backend, cache_view<const std::type_identity_t<T>> x,
-                        tensor_view<const std::type_identity_t<T>> dz, tensor_view<T> dw,
-                        const conv2d_params& params, grad_mode mode, workspace scratch);
+  template <storage_type T>
+  static std::size_t compress_workspace_bytes(const cuda_backend&, const cache_layout& layout);
+  template <storage_type T>
+  static void compress(const cuda_backend& backend, const T* input, const cache_view<T>& out,
+                       workspace memory);
 
-template <storage_type T>
-void pack_relu_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> y,
-                    std::uint32_t* words);
-template <storage_type T>
-void relu_with_mask(const cuda_backend& backend, tensor_view<const std::type_identity_t<T>> x,
-                    tensor_view<T> y, std::uint32_t* words);
-template <storage_type T>
-void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words,
-                     tensor_view<const std::type_identity_t<T>> dy, tensor_view<T> dx);
+  template <storage_type T>
+  static std::size_t densify_workspace_bytes(const cuda_backend&, const cache_layout& layout);
+  template <storage_type T>
+  static void densify(const cuda_backend& backend, const cache_view<const T>& cache, T* out,
+                      workspace memory);
 
+  template <storage_type T>
+  static std::size_t linear_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& a,
+                                                        const linear_dims& d);
+  template <storage_type T>
+  static void linear_weight_grad(const cuda_backend& backend, const cache_view<const T>& a,
+                                 const T* dz, T* dw, const linear_dims& d, grad_mode mode,
+                                 workspace memory);
+
+  template <storage_type T>
+  static std::size_t conv2d_weight_grad_workspace_bytes(const cuda_backend&, const cache_layout& x,
+                                                        const conv2d_geometry& g);
+  template <storage_type T>
+  static void conv2d_weight_grad(const cuda_backend& backend, const cache_view<const T>& x,
+                                 const T* dz, T* dw, const conv2d_geometry& g, grad_mode mode,
+                                 workspace memory);
+
+  template <storage_type T>
+  static void pack_relu_mask(const cuda_backend& backend, const T* x, T* y, std::int64_t n,
+                             std::uint32_t* words);
+  template <storage_type T>
+  static void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words, const T* dy,
+                              T* dx, std::int64_t n);
+};
+
+}  // namespace detail
 }  // namespace dropit

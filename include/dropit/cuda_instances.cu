@@ -5,27 +5,31 @@
 
 #include "dropit.cuh"
 
-namespace dropit {
+namespace dropit::detail {
 
-#define DROPIT_INSTANTIATE_CUDA_OPERATIONS(T)                                                      \
-  template std::size_t compress_workspace_bytes<T>(const cuda_backend&, const cache_layout&);      \
-  template void compress<T>(const cuda_backend&, tensor_view<const T>, cache_view<T>, workspace);  \
-  template std::size_t densify_workspace_bytes<T>(const cuda_backend&, const cache_layout&);       \
-  template void densify<T>(const cuda_backend&, cache_view<const T>, tensor_view<T>, workspace);   \
-  template std::size_t linear_weight_grad_workspace_bytes<T>(                                      \
-      const cuda_backend&, const cache_layout&, const shape&, const shape&);                       \
-  template void linear_weight_grad<T>(const cuda_backend&, cache_view<const T>,                    \
-                                      tensor_view<const T>, tensor_view<T>, grad_mode, workspace); \
-  template std::size_t conv2d_weight_grad_workspace_bytes<T>(                                      \
-      const cuda_backend&, const cache_layout&, const shape&, const shape&, const conv2d_params&); \
-  template void conv2d_weight_grad<T>(const cuda_backend&, cache_view<const T>,                    \
-                                      tensor_view<const T>, tensor_view<T>, const conv2d_params&,  \
-                                      grad_mode, workspace);                                       \
-  template void pack_relu_mask<T>(const cuda_backend&, tensor_view<const T>, std::uint32_t*);      \
-  template void relu_with_mask<T>(const cuda_backend&, tensor_view<const T>, tensor_view<T>,       \
-                                  std::uint32_t*);                                                 \
-  template void apply_relu_mask<T>(const cuda_backend&, const std::uint32_t*,                      \
-                                   tensor_view<const T>, tensor_view<T>);
+#define DROPIT_INSTANTIATE_CUDA_OPERATIONS(T)                                                     \
+  template std::size_t backend_ops<cuda_backend>::compress_workspace_bytes<T>(                    \
+      const cuda_backend&, const cache_layout&);                                                  \
+  template void backend_ops<cuda_backend>::compress<T>(const cuda_backend&, const T*,             \
+                                                       const cache_view<T>&, workspace);          \
+  template std::size_t backend_ops<cuda_backend>::densify_workspace_bytes<T>(                     \
+      const cuda_backend&, const cache_layout&);                                                  \
+  template void backend_ops<cuda_backend>::densify<T>(const cuda_backend&,                        \
+                                                      const cache_view<const T>&, T*, workspace); \
+  template std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes<T>(          \
+      const cuda_backend&, const cache_layout&, const linear_dims&);                              \
+  template void backend_ops<cuda_backend>::linear_weight_grad<T>(                                 \
+      const cuda_backend&, const cache_view<const T>&, const T*, T*, const linear_dims&,          \
+      grad_mode, workspace);                                                                      \
+  template std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes<T>(          \
+      const cuda_backend&, const cache_layout&, const conv2d_geometry&);                          \
+  template void backend_ops<cuda_backend>::conv2d_weight_grad<T>(                                 \
+      const cuda_backend&, const cache_view<const T>&, const T*, T*, const conv2d_geometry&,      \
+      grad_mode, workspace);                                                                      \
+  template void backend_ops<cuda_backend>::pack_relu_mask<T>(const cuda_backend&, const T*, T*,   \
+                                                             std::int64_t, std::uint32_t*);       \
+  template void backend_ops<cuda_backend>::apply_relu_mask<T>(                                    \
+      const cuda_backend&, const std::uint32_t*, const T*, T*, std::int64_t);
 
 DROPIT_INSTANTIATE_CUDA_OPERATIONS(float)
 DROPIT_INSTANTIATE_CUDA_OPERATIONS(half)
@@ -33,4 +37,4 @@ DROPIT_INSTANTIATE_CUDA_OPERATIONS(bfloat16)
 
 #undef DROPIT_INSTANTIATE_CUDA_OPERATIONS
 
-}  // namespace dropit
+}  // namespace dropit::detail

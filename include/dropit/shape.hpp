@@ -3,24 +3,40 @@
 /// `shape` and `tensor_view`: the non-owning, host/device-copyable description of a dense,
 /// contiguous, row-major tensor that every operation takes.
 
-#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
 #include <ostream>
+#include <type_traits>
 
 #include "config.hpp"
 
 namespace dropit {
 
+/// The extents of a `shape`: a plain array whose members are usable in device code too (those of
+/// std::array are host-only under nvcc).
+struct extent_array {
+  static constexpr int capacity = 8;
+  std::int64_t values[capacity];
+
+  DROPIT_HOST_DEVICE constexpr std::int64_t& operator[](int axis) { return values[axis]; }
+  DROPIT_HOST_DEVICE constexpr const std::int64_t& operator[](int axis) const {
+    return values[axis];
+  }
+  constexpr std::int64_t* begin() { return values; }
+  constexpr std::int64_t* end() { return values + capacity; }
+  constexpr const std::int64_t* begin() const { return values; }
+  constexpr const std::int64_t* end() const { return values + capacity; }
+};
+
 /// Extents of a row-major tensor of up to `max_rank` dimensions.
 struct shape {
-  static constexpr int max_rank = 8;
+  static constexpr int max_rank = extent_array::capacity;
   /// The most elements a tensor may hold, 2^60 - 1: any byte size derived from it (values, 8-byte
   /// positions, scratch) then fits a signed 64-bit count.
   static constexpr std::int64_t max_numel = std::numeric_limits<std::int64_t>::max() / 8;
 
-  std::array<std::int64_t, max_rank> extents{};
+  extent_array extents{};
   int rank = 0;
 
   constexpr shape() = default;
@@ -59,7 +75,8 @@ struct shape {
         empty = true;
         continue;
       }
-      product = detail::checked_mul(product, extents[i], "element count of ", what, " shape ", *this);
+      product =
+          detail::checked_mul(product, extents[i], "element count of ", what, " shape ", *this);
       detail::expect(product <= max_numel, "the non-zero extents of ", what, " shape ", *this,
                      " multiply to more than the ", max_numel, " elements dropit supports");
     }
@@ -102,7 +119,9 @@ struct tensor_view {
   dropit::shape shape{};
 
   DROPIT_HOST_DEVICE std::int64_t numel() const { return shape.numel(); }
-  operator tensor_view<const T>() const { return {data, shape}; }
+  // A template, so that tensor_view<const T> declares no conversion to itself.
+  template <class U = T>
+  requires(!std::is_const_v<U>) operator tensor_view<const U>() const { return {data, shape}; }
 };
 
 namespace detail {

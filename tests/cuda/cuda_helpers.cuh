@@ -51,6 +51,7 @@ class device_buffer {
   void upload(const std::vector<T>& host) {
     REQUIRE(host.size() == count_);
     if (count_ > 0) CUDA_REQUIRE(cudaMemcpy(data_, host.data(), bytes(), cudaMemcpyHostToDevice));
+    settle();
   }
   std::vector<T> download() const {
     std::vector<T> host(count_);
@@ -59,9 +60,15 @@ class device_buffer {
   }
   void poison(int byte = 0xa5) {
     if (count_ > 0) CUDA_REQUIRE(cudaMemset(data_, byte, bytes()));
+    settle();
   }
 
  private:
+  // cudaMemset and a cudaMemcpy from pageable memory may still be running on the legacy stream when
+  // they return, and work on a non-blocking stream does not wait for that stream: the tests wait
+  // here, so that every buffer is ready for whichever stream the backend uses.
+  static void settle() { CUDA_REQUIRE(cudaDeviceSynchronize()); }
+
   T* data_ = nullptr;
   std::size_t count_ = 0;
 };

@@ -9,6 +9,8 @@
 
 #include "../../cache.hpp"
 #include "../../shape.hpp"
+#include "../common/geometry.hpp"
+#include "../common/workspace.hpp"
 #include "cache_ops.hpp"
 #include "parallel.hpp"
 #include "simd.hpp"
@@ -91,10 +93,9 @@ struct linear_scratch {
   float* packed_dz = nullptr;            // one row block of dZ: [tiles][linear_row_block][tile]
 };
 
-template <storage_type T>
-linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_backend& backend,
-                                  const cache_layout& layout, std::int64_t rows,
-                                  std::int64_t in_features, std::int64_t out_features) {
+inline linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_backend& backend,
+                                         const cache_layout& layout, const linear_dims& d) {
+  const std::int64_t rows = d.rows, in_features = d.in_features, out_features = d.out_features;
   linear_scratch scratch;
   scratch.decoded = add_decode_scratch(carver, backend, layout);
   const std::int64_t blocks = (rows + linear_row_block - 1) / linear_row_block;
@@ -168,8 +169,9 @@ DROPIT_CPU_DISPATCH(accumulate_column)
 
 template <storage_type T>
 void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a, const T* dz,
-                        T* dw, std::int64_t rows, std::int64_t in_features,
-                        std::int64_t out_features, grad_mode mode, const linear_scratch& scratch) {
+                        T* dw, const linear_dims& d, grad_mode mode,
+                        const linear_scratch& scratch) {
+  const std::int64_t rows = d.rows, in_features = d.in_features, out_features = d.out_features;
   decode(backend, a, scratch.decoded);
   const std::int64_t blocks = (rows + linear_row_block - 1) / linear_row_block;
   parallel_for(backend, blocks, [&](std::int64_t b, int) {
@@ -245,16 +247,6 @@ DROPIT_ALWAYS_INLINE void multiply_add(float* __restrict acc, const float* __res
       for (std::int64_t o = 0; o < width; ++o) acc[o] += scale * x[o];
   }
 }
-
-struct conv2d_geometry {
-  std::int64_t batch, in_channels, height, width;
-  std::int64_t out_channels, out_height, out_width;
-  std::int64_t kernel_h, kernel_w;
-  std::int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w, groups;
-
-  std::int64_t in_per_group() const { return in_channels / groups; }
-  std::int64_t out_per_group() const { return out_channels / groups; }
-};
 
 struct conv2d_scratch {
   decode_scratch decoded;

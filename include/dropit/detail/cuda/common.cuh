@@ -1,5 +1,5 @@
 #pragma once
-// Plumbing of the CUDA backend: the kernel attribute, error checks, launch shapes, the device-side
+// Plumbing of the CUDA backend: the kernel attribute, launch shapes, the device-side
 // view of a cache layout and the value conversions densify shares with the CPU backend.
 
 #include <cuda_runtime.h>
@@ -13,7 +13,8 @@
 #include "../../cache.hpp"
 #include "../../config.hpp"
 #include "../../types.hpp"
-#include "../cpu/parallel.hpp"
+#include "../common/workspace.hpp"
+#include "runtime.hpp"
 
 // Kernels have hidden visibility (as cuCollections' do): two shared libraries that both
 // instantiate the same kernel template then each keep their own copy instead of binding one
@@ -25,9 +26,6 @@
 #endif
 
 namespace dropit::detail::cuda {
-
-// The carver only does pointer arithmetic, so it lays out device workspaces as well as host ones.
-using workspace_carver = cpu::workspace_carver;
 
 /// Threads of every block the backend launches. Several kernels rely on it: a radix histogram of
 /// 256 bins is scanned with one bin per thread.
@@ -41,30 +39,6 @@ inline constexpr std::int64_t max_blocks = std::int64_t{1} << 20;
 inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block = block_threads) {
   const std::int64_t blocks = (items + items_per_block - 1) / items_per_block;
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, max_blocks));
-}
-
-/// Throws `dropit::error` naming `what` and the CUDA error unless `status` is cudaSuccess.
-inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(what, ": CUDA error ", cudaGetErrorName(status), ": ", cudaGetErrorString(status));
-}
-
-/// Checks that a kernel launch was accepted (does not wait for the kernel).
-inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
-
-/// Throws unless the device can dereference `pointer` (`bytes` > 0 only: empty buffers may be
-/// anything). Pageable host memory is refused except on systems where the device reads it (HMM,
-/// ATS); device, managed and pinned memory pass. One driver query, no synchronisation.
-inline void expect_device_accessible(const void* pointer, std::size_t bytes, const char* what) {
-  if (pointer == nullptr || bytes == 0) return;
-  cudaPointerAttributes attributes{};
-  check(cudaPointerGetAttributes(&attributes, pointer), what);
-  if (attributes.type != cudaMemoryTypeUnregistered) return;
-  int device = 0, pageable = 0;
-  check(cudaGetDevice(&device), what);
-  check(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device), what);
-  expect(pageable != 0, what, " points to pageable host memory, which device ", device,
-         " cannot access; expected device, managed or pinned memory");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@
 #include <cstdint>
 
 #include "../common/keys.hpp"
-#include "../cpu/weight_grad.hpp"
+#include "../common/geometry.hpp"
 #include "common.cuh"
 #include "select.cuh"
 
@@ -387,7 +387,7 @@ DROPIT_KERNEL void linear_weight_grad_kernel(const float* a, const T* dz, T* dw,
 /// dW[co, ci, kh, kw] (=, +=) sum over (n, oh, ow) of dZ[n, co, oh, ow] * X[n, cin, ih, iw], one
 /// dW element per block iteration; X is the densified float input.
 template <class T>
-DROPIT_KERNEL void conv2d_weight_grad_kernel(cpu::conv2d_geometry g, const float* x, const T* dz,
+DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, const T* dz,
                                              T* dw, grad_mode mode) {
   using reduce_t = cub::BlockReduce<float, block_threads>;
   __shared__ typename reduce_t::TempStorage reduce;

@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "../../cache.hpp"
-#include "../cpu/weight_grad.hpp"
+#include "../common/geometry.hpp"
 #include "cache_ops.cuh"
 #include "common.cuh"
 #include "kernels.cuh"
@@ -29,8 +29,8 @@ inline gradient_scratch add_gradient_scratch(workspace_carver& carver, const cac
 
 template <storage_type T>
 void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const T* dz, T* dw,
-                        std::int64_t rows, std::int64_t in_features, std::int64_t out_features,
-                        grad_mode mode, const gradient_scratch& scratch) {
+                        const linear_dims& d, grad_mode mode, const gradient_scratch& scratch) {
+  const std::int64_t rows = d.rows, in_features = d.in_features, out_features = d.out_features;
   if (in_features == 0 || out_features == 0) return;  // dW is empty
   densify(stream, a, scratch.dense, scratch.reading);
   const std::int64_t tiles =
@@ -42,7 +42,7 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
 
 template <storage_type T>
 void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const T* dz, T* dw,
-                        const cpu::conv2d_geometry& g, grad_mode mode,
+                        const conv2d_geometry& g, grad_mode mode,
                         const gradient_scratch& scratch) {
   const std::int64_t outputs =
       g.out_channels * (g.in_channels / g.groups) * g.kernel_h * g.kernel_w;

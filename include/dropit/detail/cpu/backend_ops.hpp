@@ -1,0 +1,97 @@
+#pragma once
+// The CPU backend's operations (see `detail::backend_ops` in backend.hpp): the public entry points
+// have checked every operand, so these only carve the workspace and run the loops.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../backend.hpp"
+#include "../../cache.hpp"
+#include "../common/geometry.hpp"
+#include "../common/workspace.hpp"
+#include "cache_ops.hpp"
+#include "relu_mask.hpp"
+#include "weight_grad.hpp"
+
+namespace dropit::detail {
+
+template <>
+struct backend_ops<cpu_backend> {
+  static constexpr const char* name = "CPU";
+
+  /// The CPU backend reads and writes host memory; there is nothing more to check about a pointer.
+  static void expect_accessible(const cpu_backend&, const void*, std::size_t, const char*) {}
+
+  template <storage_type T>
+  static std::size_t compress_workspace_bytes(const cpu_backend& backend,
+                                              const cache_layout& layout) {
+    return cpu::compress_workspace_bytes<T>(backend, layout);
+  }
+
+  template <storage_type T>
+  static void compress(const cpu_backend& backend, const T* input, const cache_view<T>& out,
+                       workspace memory) {
+    cpu::compress(backend, input, out, memory);
+  }
+
+  template <storage_type T>
+  static std::size_t densify_workspace_bytes(const cpu_backend& backend,
+                                             const cache_layout& layout) {
+    return cpu::densify_workspace_bytes<T>(backend, layout);
+  }
+
+  template <storage_type T>
+  static void densify(const cpu_backend& backend, const cache_view<const T>& cache, T* out,
+                      workspace memory) {
+    cpu::densify(backend, cache, out, memory);
+  }
+
+  template <storage_type T>
+  static std::size_t linear_weight_grad_workspace_bytes(const cpu_backend& backend,
+                                                        const cache_layout& a,
+                                                        const linear_dims& d) {
+    return workspace_bytes_of(
+        [&](workspace_carver& carver) { cpu::add_linear_scratch(carver, backend, a, d); });
+  }
+
+  template <storage_type T>
+  static void linear_weight_grad(const cpu_backend& backend, const cache_view<const T>& a,
+                                 const T* dz, T* dw, const linear_dims& d, grad_mode mode,
+                                 workspace memory) {
+    workspace_carver carver(memory);
+    const auto scratch = cpu::add_linear_scratch(carver, backend, a.layout, d);
+    cpu::linear_weight_grad<T>(backend, a, dz, dw, d, mode, scratch);
+  }
+
+  template <storage_type T>
+  static std::size_t conv2d_weight_grad_workspace_bytes(const cpu_backend& backend,
+                                                        const cache_layout& x,
+                                                        const conv2d_geometry& g) {
+    return workspace_bytes_of(
+        [&](workspace_carver& carver) { cpu::add_conv2d_scratch(carver, backend, x, g); });
+  }
+
+  template <storage_type T>
+  static void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x,
+                                 const T* dz, T* dw, const conv2d_geometry& g, grad_mode mode,
+                                 workspace memory) {
+    workspace_carver carver(memory);
+    const auto scratch = cpu::add_conv2d_scratch(carver, backend, x.layout, g);
+    cpu::conv2d_weight_grad<T>(backend, x, dz, dw, g, mode, scratch);
+  }
+
+  /// The mask of `x` into `words`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
+  template <storage_type T>
+  static void pack_relu_mask(const cpu_backend& backend, const T* x, T* y, std::int64_t n,
+                             std::uint32_t* words) {
+    cpu::pack_relu_mask(backend, x, y, n, words);
+  }
+
+  template <storage_type T>
+  static void apply_relu_mask(const cpu_backend& backend, const std::uint32_t* words, const T* dy,
+                              T* dx, std::int64_t n) {
+    cpu::apply_relu_mask(backend, words, dy, dx, n);
+  }
+};
+
+}  // namespace dropit::detail

@@ -1,0 +1,99 @@
+#pragma once
+// The definitions of the CUDA backend's operations declared in cuda.hpp: the public entry points
+// have checked every operand, so these carve the workspace and enqueue the kernels on the
+// backend's stream.
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../cuda.hpp"
+#include "../common/workspace.hpp"
+#include "cache_ops.cuh"
+#include "common.cuh"
+#include "weight_grad.cuh"
+
+namespace dropit::detail {
+
+template <storage_type T>
+std::size_t backend_ops<cuda_backend>::compress_workspace_bytes(const cuda_backend&,
+                                                                const cache_layout& layout) {
+  return workspace_bytes_of(
+      [&](workspace_carver& carver) { cuda::add_compress_scratch(carver, layout); });
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::compress(const cuda_backend& backend, const T* input,
+                                         const cache_view<T>& out, workspace memory) {
+  cuda::expect_no_pending_error("compress");
+  cuda::compress(backend.stream, input, out, memory);
+}
+
+template <storage_type T>
+std::size_t backend_ops<cuda_backend>::densify_workspace_bytes(const cuda_backend&,
+                                                               const cache_layout& layout) {
+  return workspace_bytes_of(
+      [&](workspace_carver& carver) { cuda::add_densify_scratch(carver, layout); });
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::densify(const cuda_backend& backend,
+                                        const cache_view<const T>& cache, T* out,
+                                        workspace memory) {
+  cuda::expect_no_pending_error("densify");
+  workspace_carver carver(memory);
+  const auto scratch = cuda::add_densify_scratch(carver, cache.layout);
+  cuda::densify<T, T>(backend.stream, cache, out, scratch);
+}
+
+template <storage_type T>
+std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes(
+    const cuda_backend&, const cache_layout& a, const linear_dims&) {
+  return workspace_bytes_of(
+      [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, a); });
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
+                                                   const cache_view<const T>& a, const T* dz,
+                                                   T* dw, const linear_dims& d, grad_mode mode,
+                                                   workspace memory) {
+  cuda::expect_no_pending_error("linear_weight_grad");
+  workspace_carver carver(memory);
+  const auto scratch = cuda::add_gradient_scratch(carver, a.layout);
+  cuda::linear_weight_grad<T>(backend.stream, a, dz, dw, d, mode, scratch);
+}
+
+template <storage_type T>
+std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(
+    const cuda_backend&, const cache_layout& x, const conv2d_geometry&) {
+  return workspace_bytes_of(
+      [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, x); });
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::conv2d_weight_grad(const cuda_backend& backend,
+                                                   const cache_view<const T>& x, const T* dz,
+                                                   T* dw, const conv2d_geometry& g, grad_mode mode,
+                                                   workspace memory) {
+  cuda::expect_no_pending_error("conv2d_weight_grad");
+  workspace_carver carver(memory);
+  const auto scratch = cuda::add_gradient_scratch(carver, x.layout);
+  cuda::conv2d_weight_grad<T>(backend.stream, x, dz, dw, g, mode, scratch);
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::pack_relu_mask(const cuda_backend& backend, const T* x, T* y,
+                                               std::int64_t n, std::uint32_t* words) {
+  cuda::expect_no_pending_error("ReLU mask");
+  cuda::pack_relu_mask<T>(backend.stream, x, y, n, words);
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::apply_relu_mask(const cuda_backend& backend,
+                                                const std::uint32_t* words, const T* dy, T* dx,
+                                                std::int64_t n) {
+  cuda::expect_no_pending_error("ReLU mask");
+  cuda::apply_relu_mask<T>(backend.stream, words, dy, dx, n);
+}
+
+}  // namespace dropit::detail
