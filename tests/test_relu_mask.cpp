@@ -92,6 +92,29 @@ TEST_CASE("ReLU mask: zeros of both signs are off, NaN and tiny positives are on
   CHECK(words[0] == 0b10110100u);
 }
 
+// The CUDA kernels decide on the bits (detail::relu_passes) so that flush-to-zero cannot change a
+// subnormal's bit: every 16-bit pattern, and float patterns around every boundary, against the
+// reference's double comparison.
+TEST_CASE_TEMPLATE("ReLU mask: the bitwise test agrees with !(y <= 0) on every pattern", T, half,
+                   bfloat16) {
+  for (std::uint32_t bits = 0; bits <= 0xffffu; ++bits) {
+    const T y = test::from_bits<T>(bits);
+    CAPTURE(bits);
+    CHECK(dropit::detail::relu_passes(y) == passes(y));
+  }
+}
+
+TEST_CASE("ReLU mask: the bitwise test agrees with !(y <= 0) on float boundaries") {
+  for (std::uint32_t sign : {0u, 0x80000000u})
+    for (std::uint32_t magnitude : {0x0u, 0x1u, 0x2u, 0x7fffffu, 0x800000u, 0x3f800000u,
+                                    0x7f7fffffu, 0x7f800000u, 0x7f800001u, 0x7fc00000u,
+                                    0x7fffffffu}) {
+      const float y = test::from_bits<float>(sign | magnitude);
+      CAPTURE(sign | magnitude);
+      CHECK(dropit::detail::relu_passes(y) == passes(y));
+    }
+}
+
 TEST_CASE("ReLU mask: bad input") {
   const std::vector<float> y(40, 1.0f);
   std::vector<float> dx(40);

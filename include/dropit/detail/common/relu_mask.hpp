@@ -3,9 +3,11 @@
 // operands.
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../../config.hpp"
 #include "../../shape.hpp"
+#include "../../types.hpp"
 
 namespace dropit {
 
@@ -13,6 +15,20 @@ namespace dropit {
 DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { return (n + 31) / 32; }
 
 namespace detail {
+
+/// Whether ReLU passes the gradient at output `y`: `!(y <= 0)` (positive, +inf or any NaN), decided
+/// on the bits, so that flush-to-zero arithmetic (nvcc's --use_fast_math, -ftz) cannot read a
+/// positive subnormal as zero.
+template <storage_type T>
+DROPIT_HOST_DEVICE inline bool relu_passes(T y) {
+  constexpr std::uint32_t sign = sizeof(T) == 4 ? 0x80000000u : 0x8000u;
+  constexpr std::uint32_t infinity = sizeof(T) == 4              ? 0x7f800000u
+                                     : std::is_same_v<T, half> ? 0x7c00u
+                                                               : 0x7f80u;
+  const std::uint32_t bits = bits_of(y);
+  const std::uint32_t magnitude = bits & (sign - 1);
+  return magnitude > infinity || (magnitude != 0 && (bits & sign) == 0);
+}
 
 // Each check returns the element count.
 

@@ -46,16 +46,17 @@ void backend_ops<cuda_backend>::densify(const cuda_backend& backend,
 }
 
 template <storage_type T>
-std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes(
-    const cuda_backend&, const cache_layout& a, const linear_dims&) {
+std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes(const cuda_backend&,
+                                                                          const cache_layout& a,
+                                                                          const linear_dims&) {
   return workspace_bytes_of(
       [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, a); });
 }
 
 template <storage_type T>
 void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
-                                                   const cache_view<const T>& a, const T* dz,
-                                                   T* dw, const linear_dims& d, grad_mode mode,
+                                                   const cache_view<const T>& a, const T* dz, T* dw,
+                                                   const linear_dims& d, grad_mode mode,
                                                    workspace memory) {
   cuda::expect_no_pending_error("linear_weight_grad");
   workspace_carver carver(memory);
@@ -64,16 +65,17 @@ void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
 }
 
 template <storage_type T>
-std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(
-    const cuda_backend&, const cache_layout& x, const conv2d_geometry&) {
+std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(const cuda_backend&,
+                                                                          const cache_layout& x,
+                                                                          const conv2d_geometry&) {
   return workspace_bytes_of(
       [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, x); });
 }
 
 template <storage_type T>
 void backend_ops<cuda_backend>::conv2d_weight_grad(const cuda_backend& backend,
-                                                   const cache_view<const T>& x, const T* dz,
-                                                   T* dw, const conv2d_geometry& g, grad_mode mode,
+                                                   const cache_view<const T>& x, const T* dz, T* dw,
+                                                   const conv2d_geometry& g, grad_mode mode,
                                                    workspace memory) {
   cuda::expect_no_pending_error("conv2d_weight_grad");
   workspace_carver carver(memory);

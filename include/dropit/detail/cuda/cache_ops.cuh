@@ -106,10 +106,10 @@ inline compress_scratch add_compress_scratch(workspace_carver& carver, const cac
 }
 
 template <class T, bool Random, class Writer>
-void launch_select_chunks(cudaStream_t stream, const element_plan& p, const T* input,
+void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const T* input,
                           const Writer& writer) {
   select_chunks_kernel<T, Random>
-      <<<grid_for(p.chunks(), 1), block_threads, 0, stream>>>(p, input, writer);
+      <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(layout, input, writer);
   check_launch("dropit select_chunks_kernel");
 }
 
@@ -117,34 +117,36 @@ template <storage_type T>
 void compress_elements(cudaStream_t stream, const T* input, const cache_view<T>& out,
                        const compress_scratch& scratch) {
   const cache_layout& layout = out.layout;
-  const element_plan p = element_plan_of(layout);
-  if (p.n == 0) return;
+  if (layout.numel() == 0) return;
   auto* words = static_cast<std::uint32_t*>(out.positions);
   auto* offsets16 = static_cast<std::uint16_t*>(out.positions);
   auto* offsets32 = static_cast<std::uint32_t*>(out.positions);
 
   if (layout.selection == selection_kind::random) {
-    launch_select_chunks<T, true>(stream, p, input, value_writer<T>{input, out.values});
+    launch_select_chunks<T, true>(stream, layout, input, value_writer<T>{input, out.values});
     return;
   }
   if (layout.selection == selection_kind::chunked_min_k) {
     if (layout.encoding == position_encoding::bitmask)
-      launch_select_chunks<T, false>(stream, p, input, bitmask_writer<T>{input, out.values, words});
+      launch_select_chunks<T, false>(stream, layout, input,
+                                     bitmask_writer<T>{input, out.values, words});
     else
-      launch_select_chunks<T, false>(stream, p, input,
+      launch_select_chunks<T, false>(stream, layout, input,
                                      offset_writer<T, std::uint16_t>{input, out.values, offsets16});
     return;
   }
   // Min-k: one chunk, the whole tensor.
   const magnitude_keys<T> keys{input};
   if (layout.encoding == position_encoding::bitmask)
-    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
-                                 bitmask_writer<T>{input, out.values, words});
+    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                 scratch.select, bitmask_writer<T>{input, out.values, words});
   else if (layout.offset_bytes == 2)
-    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
+    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                 scratch.select,
                                  offset_writer<T, std::uint16_t>{input, out.values, offsets16});
   else
-    select_global<std::uint32_t>(stream, keys, p.n, p.kept_per_chunk, scratch.select,
+    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                 scratch.select,
                                  offset_writer<T, std::uint32_t>{input, out.values, offsets32});
 }
 
@@ -153,38 +155,38 @@ void compress_elements(cudaStream_t stream, const T* input, const cache_view<T>&
 template <storage_type T>
 void select_channels(cudaStream_t stream, const cache_layout& layout, const T* input,
                      const compress_scratch& scratch, std::uint32_t* list) {
-  const channel_plan p = channel_plan_of(layout);
   if (layout.selection == selection_kind::random) {
-    select_global<std::uint32_t>(stream, random_keys{p.seed, channel_stream}, p.channels, p.kept,
-                                 scratch.select, index_writer{list});
+    select_global<std::uint32_t>(stream, random_keys{layout.seed, channel_stream}, layout.channels,
+                                 layout.kept_channels, scratch.select, index_writer{list});
     return;
   }
   if (scratch.runs > 0) {
-    channel_run_sums_kernel<T><<<grid_for(p.channels * scratch.runs), block_threads, 0, stream>>>(
-        p, input, scratch.runs, scratch.run_sums);
+    channel_run_sums_kernel<T>
+        <<<grid_for(layout.channels * scratch.runs), block_threads, 0, stream>>>(
+            layout, input, scratch.runs, scratch.run_sums);
     check_launch("dropit channel_run_sums_kernel");
   }
-  channel_keys_kernel<><<<grid_for(p.channels), block_threads, 0, stream>>>(
-      scratch.run_sums, scratch.runs, p.channels, scratch.channel_keys);
+  channel_keys_kernel<><<<grid_for(layout.channels), block_threads, 0, stream>>>(
+      scratch.run_sums, scratch.runs, layout.channels, scratch.channel_keys);
   check_launch("dropit channel_keys_kernel");
-  select_global<std::uint64_t>(stream, stored_keys<std::uint64_t>{scratch.channel_keys}, p.channels,
-                               p.kept, scratch.select, index_writer{list});
+  select_global<std::uint64_t>(stream, stored_keys<std::uint64_t>{scratch.channel_keys},
+                               layout.channels, layout.kept_channels, scratch.select,
+                               index_writer{list});
 }
 
 template <storage_type T>
 void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>& out,
                        const compress_scratch& scratch) {
   const cache_layout& layout = out.layout;
-  const channel_plan p = channel_plan_of(layout);
-  if (p.channels == 0) return;
+  if (layout.channels == 0) return;
   std::uint32_t* list = layout.encoding == position_encoding::channel_list
                             ? static_cast<std::uint32_t*>(out.positions)
                             : scratch.channel_list;
   select_channels(stream, layout, input, scratch, list);
-  const std::int64_t count = p.outer * p.kept * p.inner;
+  const std::int64_t count = layout.outer * layout.kept_channels * layout.inner;
   if (count == 0) return;
   channel_gather_kernel<T>
-      <<<grid_for(count), block_threads, 0, stream>>>(p, input, list, out.values);
+      <<<grid_for(count), block_threads, 0, stream>>>(layout, input, list, out.values);
   check_launch("dropit channel_gather_kernel");
 }
 
@@ -234,8 +236,7 @@ template <class T, class Out>
 void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
                       const densify_scratch& scratch) {
   const cache_layout& layout = cache.layout;
-  const element_plan p = element_plan_of(layout);
-  if (p.n == 0) return;
+  if (layout.numel() == 0) return;
   switch (layout.encoding) {
     case position_encoding::bitmask: {
       const auto* words = static_cast<const std::uint32_t*>(cache.positions);
@@ -248,27 +249,27 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
           <<<1, block_threads, 0, stream>>>(scratch.mask_counts, scratch.mask_offsets, blocks);
       check_launch("dropit exclusive_scan_kernel");
       mask_densify_kernel<T, Out><<<grid_for(blocks, 1), block_threads, 0, stream>>>(
-          p, words, word_count, scratch.mask_offsets, cache.values, out);
+          layout, words, word_count, scratch.mask_offsets, cache.values, out);
       check_launch("dropit mask_densify_kernel");
       return;
     }
     case position_encoding::offsets: {
-      check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(p.n) * sizeof(Out), stream),
+      check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(layout.numel()) * sizeof(Out), stream),
             "densify: zeroing the output");
       const std::int64_t kept = layout.kept();
       if (kept == 0) return;
       if (layout.offset_bytes == 2)
         scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
-            p, kept, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
+            layout, kept, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
       else
         scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
-            p, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
+            layout, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
       check_launch("dropit scatter_offsets_kernel");
       return;
     }
     default:  // seeded: regenerate each chunk's draw and write the whole chunk
-      launch_select_chunks<T, true>(stream, p, static_cast<const T*>(nullptr),
-                                    dense_writer<T, Out>{cache.values, out, p.rescale, 1.0f});
+      launch_select_chunks<T, true>(stream, layout, static_cast<const T*>(nullptr),
+                                    dense_writer<T, Out>{cache.values, out, layout.rescale, 1.0f});
   }
 }
 
@@ -276,25 +277,25 @@ template <class T, class Out>
 void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
                       const densify_scratch& scratch) {
   const cache_layout& layout = cache.layout;
-  const channel_plan p = channel_plan_of(layout);
-  const std::int64_t count = p.outer * p.channels * p.inner;
+  const std::int64_t count = layout.outer * layout.channels * layout.inner;
   if (count == 0) return;
   const std::uint32_t* list = static_cast<const std::uint32_t*>(cache.positions);
   if (layout.encoding == position_encoding::seeded) {
-    select_global<std::uint32_t>(stream, random_keys{p.seed, channel_stream}, p.channels, p.kept,
-                                 scratch.select, index_writer{scratch.channel_list});
+    select_global<std::uint32_t>(stream, random_keys{layout.seed, channel_stream}, layout.channels,
+                                 layout.kept_channels, scratch.select,
+                                 index_writer{scratch.channel_list});
     list = scratch.channel_list;
   }
   check(cudaMemsetAsync(scratch.slot_of, 0xff,
-                        static_cast<std::size_t>(p.channels) * sizeof(std::int32_t), stream),
+                        static_cast<std::size_t>(layout.channels) * sizeof(std::int32_t), stream),
         "densify: clearing the channel map");
-  if (p.kept > 0) {
-    channel_map_kernel<>
-        <<<grid_for(p.kept), block_threads, 0, stream>>>(list, p.kept, scratch.slot_of);
+  if (layout.kept_channels > 0) {
+    channel_map_kernel<><<<grid_for(layout.kept_channels), block_threads, 0, stream>>>(
+        list, layout.kept_channels, scratch.slot_of);
     check_launch("dropit channel_map_kernel");
   }
   channel_densify_kernel<T, Out>
-      <<<grid_for(count), block_threads, 0, stream>>>(p, scratch.slot_of, cache.values, out);
+      <<<grid_for(count), block_threads, 0, stream>>>(layout, scratch.slot_of, cache.values, out);
   check_launch("dropit channel_densify_kernel");
 }
 

@@ -31,8 +31,9 @@
 
 #include <cstdint>
 
-#include "../common/keys.hpp"
 #include "../common/geometry.hpp"
+#include "../common/keys.hpp"
+#include "../common/relu_mask.hpp"
 #include "common.cuh"
 #include "select.cuh"
 
@@ -42,22 +43,22 @@ namespace dropit::detail::cuda {
 // Chunks, one per block.
 
 /// `Random`: keys are generator draws of stream `chunk`; otherwise magnitudes of `input`.
-/// `Writer::at(plan, chunk)` gives the chunk's visitor.
+/// `Writer::at(layout, chunk)` gives the chunk's visitor.
 template <class T, bool Random, class Writer>
-DROPIT_KERNEL void select_chunks_kernel(element_plan p, const T* input, Writer writer) {
+DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Writer writer) {
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
-  const std::int64_t chunks = p.chunks();
+  const std::int64_t chunks = layout.chunk_count();
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const auto length = static_cast<std::uint32_t>(p.chunk_length(chunk));
-    const auto k = static_cast<std::uint32_t>(p.kept_in_chunk(chunk));
-    const auto visit = writer.at(p, chunk);
+    const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
+    const auto k = static_cast<std::uint32_t>(layout.kept_in_chunk(chunk));
+    const auto visit = writer.at(layout, chunk);
     if constexpr (Random) {
-      const random_keys key_of{p.seed, static_cast<std::uint64_t>(chunk)};
+      const random_keys key_of{layout.seed, static_cast<std::uint64_t>(chunk)};
       emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
                     visit);
     } else {
-      const magnitude_keys<T> key_of{input + p.chunk_begin(chunk)};
+      const magnitude_keys<T> key_of{input + layout.chunk_begin(chunk)};
       emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
                     visit);
     }
@@ -212,7 +213,7 @@ DROPIT_KERNEL void mask_count_kernel(const std::uint32_t* words, std::int64_t wo
 /// scan of set bits over the whole buffer (`block_offsets`, per block of words) is each kept
 /// value's index.
 template <class T, class Out>
-DROPIT_KERNEL void mask_densify_kernel(element_plan p, const std::uint32_t* words,
+DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t* words,
                                        std::int64_t word_count, const std::uint64_t* block_offsets,
                                        const T* values, Out* out) {
   using scan_t = cub::BlockScan<std::uint32_t, block_threads>;
@@ -234,17 +235,17 @@ DROPIT_KERNEL void mask_densify_kernel(element_plan p, const std::uint32_t* word
     for (std::int64_t j = warp; j < mask_words_per_block; j += block_threads / 32) {
       const std::int64_t word = first_word + j;
       if (word >= word_count) break;  // uniform across the warp
-      const std::int64_t chunk = word / p.words_per_chunk;
-      const std::int64_t position = (word % p.words_per_chunk) * 32 + lane;
-      if (position >= p.chunk_length(chunk)) continue;
+      const std::int64_t chunk = word / layout.mask_words_per_chunk();
+      const std::int64_t position = (word % layout.mask_words_per_chunk()) * 32 + lane;
+      if (position >= layout.chunk_length(chunk)) continue;
       const std::uint32_t word_value = word_bits[j];
       Out result{};
       if ((word_value >> lane) & 1u) {
         const std::uint64_t index =
             block_first + word_first[j] + __popc(word_value & ((1u << lane) - 1u));
-        result = densified<Out>(values[index], p.rescale, p.scale(chunk));
+        result = densified<Out>(values[index], layout.rescale, layout.value_scale(chunk));
       }
-      out[p.chunk_begin(chunk) + position] = result;
+      out[layout.chunk_begin(chunk) + position] = result;
     }
     __syncthreads();  // before word_bits, word_first and the scan storage are reused
   }
@@ -252,15 +253,17 @@ DROPIT_KERNEL void mask_densify_kernel(element_plan p, const std::uint32_t* word
 
 /// out[chunk start + offset] = value, for every kept value (out zeroed beforehand).
 template <class T, class Out, class Offset>
-DROPIT_KERNEL void scatter_offsets_kernel(element_plan p, std::int64_t kept, const T* values,
+DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept, const T* values,
                                           const Offset* offsets, Out* out) {
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  const std::int64_t full_chunks = layout.full_chunk_count();
   for (std::int64_t j = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; j < kept;
        j += stride) {
     // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's.
-    std::int64_t chunk = j / p.kept_per_chunk;
-    if (chunk > p.full_chunks) chunk = p.full_chunks;
-    out[p.chunk_begin(chunk) + offsets[j]] = densified<Out>(values[j], p.rescale, p.scale(chunk));
+    std::int64_t chunk = j / layout.kept_per_chunk;
+    if (chunk > full_chunks) chunk = full_chunks;
+    out[layout.chunk_begin(chunk) + offsets[j]] =
+        densified<Out>(values[j], layout.rescale, layout.value_scale(chunk));
   }
 }
 
@@ -270,10 +273,10 @@ DROPIT_KERNEL void scatter_offsets_kernel(element_plan p, std::int64_t kept, con
 /// Sum of squares of each run of `channel_score_block` consecutive elements of each channel (in
 /// [outer, inner] order), summed sequentially in double: run_sums[c * runs + r].
 template <class T>
-DROPIT_KERNEL void channel_run_sums_kernel(channel_plan p, const T* input, std::int64_t runs,
+DROPIT_KERNEL void channel_run_sums_kernel(cache_layout layout, const T* input, std::int64_t runs,
                                            double* run_sums) {
-  const std::int64_t per_channel = p.outer * p.inner;
-  const std::int64_t items = p.channels * runs;
+  const std::int64_t per_channel = layout.outer * layout.inner;
+  const std::int64_t items = layout.channels * runs;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   for (std::int64_t item = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; item < items;
        item += stride) {
@@ -281,12 +284,12 @@ DROPIT_KERNEL void channel_run_sums_kernel(channel_plan p, const T* input, std::
     const std::int64_t begin = item % runs * channel_score_block;
     const std::int64_t end =
         begin + channel_score_block < per_channel ? begin + channel_score_block : per_channel;
-    std::int64_t o = begin / p.inner, r = begin % p.inner;
+    std::int64_t o = begin / layout.inner, r = begin % layout.inner;
     double sum = 0.0;
     for (std::int64_t e = begin; e < end; ++e) {
-      const double x = to_float(input[(o * p.channels + c) * p.inner + r]);
+      const double x = to_float(input[(o * layout.channels + c) * layout.inner + r]);
       sum = __dadd_rn(sum, __dmul_rn(x, x));  // never fused: the CPU backend adds x*x rounded
-      if (++r == p.inner) {
+      if (++r == layout.inner) {
         r = 0;
         ++o;
       }
@@ -313,15 +316,15 @@ DROPIT_KERNEL void channel_keys_kernel(const double* run_sums, std::int64_t runs
 
 /// values[(o * kept + j) * inner + r] = input[(o * channels + list[j]) * inner + r].
 template <class T>
-DROPIT_KERNEL void channel_gather_kernel(channel_plan p, const T* input, const std::uint32_t* list,
-                                         T* values) {
-  const std::int64_t count = p.outer * p.kept * p.inner;
+DROPIT_KERNEL void channel_gather_kernel(cache_layout layout, const T* input,
+                                         const std::uint32_t* list, T* values) {
+  const std::int64_t count = layout.outer * layout.kept_channels * layout.inner;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   for (std::int64_t e = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; e < count;
        e += stride) {
-    const std::int64_t r = e % p.inner, row = e / p.inner;
-    const std::int64_t j = row % p.kept, o = row / p.kept;
-    values[e] = input[(o * p.channels + list[j]) * p.inner + r];
+    const std::int64_t r = e % layout.inner, row = e / layout.inner;
+    const std::int64_t j = row % layout.kept_channels, o = row / layout.kept_channels;
+    values[e] = input[(o * layout.channels + list[j]) * layout.inner + r];
   }
 }
 
@@ -336,17 +339,18 @@ DROPIT_KERNEL void channel_map_kernel(const std::uint32_t* list, std::int64_t ke
 }
 
 template <class T, class Out>
-DROPIT_KERNEL void channel_densify_kernel(channel_plan p, const std::int32_t* slot_of,
+DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::int32_t* slot_of,
                                           const T* values, Out* out) {
-  const std::int64_t count = p.outer * p.channels * p.inner;
+  const std::int64_t count = layout.outer * layout.channels * layout.inner;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   for (std::int64_t e = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; e < count;
        e += stride) {
-    const std::int64_t r = e % p.inner, row = e / p.inner;
-    const std::int64_t c = row % p.channels, o = row / p.channels;
+    const std::int64_t r = e % layout.inner, row = e / layout.inner;
+    const std::int64_t c = row % layout.channels, o = row / layout.channels;
     const std::int32_t j = slot_of[c];
-    out[e] =
-        j < 0 ? Out{} : densified<Out>(values[(o * p.kept + j) * p.inner + r], p.rescale, p.scale);
+    out[e] = j < 0 ? Out{}
+                   : densified<Out>(values[(o * layout.kept_channels + j) * layout.inner + r],
+                                    layout.rescale, layout.value_scale(0));
   }
 }
 
@@ -387,8 +391,8 @@ DROPIT_KERNEL void linear_weight_grad_kernel(const float* a, const T* dz, T* dw,
 /// dW[co, ci, kh, kw] (=, +=) sum over (n, oh, ow) of dZ[n, co, oh, ow] * X[n, cin, ih, iw], one
 /// dW element per block iteration; X is the densified float input.
 template <class T>
-DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, const T* dz,
-                                             T* dw, grad_mode mode) {
+DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, const T* dz, T* dw,
+                                             grad_mode mode) {
   using reduce_t = cub::BlockReduce<float, block_threads>;
   __shared__ typename reduce_t::TempStorage reduce;
   const std::int64_t group_in = g.in_channels / g.groups, group_out = g.out_channels / g.groups;
@@ -429,7 +433,7 @@ DROPIT_KERNEL void pack_relu_mask_kernel(const T* x, T* y, std::int64_t n, std::
        base < n; base += stride) {
     const std::int64_t i = base + lane;
     const T value = i < n ? x[i] : T{};
-    const bool passes = i < n && !(to_float(value) <= 0.0f);
+    const bool passes = i < n && relu_passes(value);
     const std::uint32_t bits = __ballot_sync(0xffffffffu, passes);
     if (lane == 0) words[base / 32] = bits;
     if (y != nullptr && i < n) y[i] = passes ? value : T{};

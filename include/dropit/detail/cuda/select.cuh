@@ -134,15 +134,15 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
 
 // ---------------------------------------------------------------------------------------------
 // Visitors of emit_selected. Each describes one chunk (pointers already at the chunk's start);
-// `at(plan, chunk)` moves a whole-cache visitor to a chunk.
+// `at(layout, chunk)` moves a whole-cache visitor to a chunk.
 
 /// Values only (seeded caches).
 template <class T>
 struct value_writer {
   const T* data;
   T* values;
-  __device__ value_writer at(const element_plan& p, std::int64_t chunk) const {
-    return {data + p.chunk_begin(chunk), values + p.values_begin(chunk)};
+  __device__ value_writer at(const cache_layout& layout, std::int64_t chunk) const {
+    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk)};
   }
   __device__ void operator()(std::uint64_t i, bool, bool keep, std::uint64_t slot) const {
     if (keep) values[slot] = data[i];
@@ -155,9 +155,9 @@ struct bitmask_writer {
   const T* data;
   T* values;
   std::uint32_t* words;
-  __device__ bitmask_writer at(const element_plan& p, std::int64_t chunk) const {
-    return {data + p.chunk_begin(chunk), values + p.values_begin(chunk),
-            words + p.mask_word_begin(chunk)};
+  __device__ bitmask_writer at(const cache_layout& layout, std::int64_t chunk) const {
+    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
+            words + layout.mask_word_begin(chunk)};
   }
   __device__ void operator()(std::uint64_t i, bool in_range, bool keep, std::uint64_t slot) const {
     if (keep) values[slot] = data[i];
@@ -173,9 +173,9 @@ struct offset_writer {
   const T* data;
   T* values;
   Offset* offsets;
-  __device__ offset_writer at(const element_plan& p, std::int64_t chunk) const {
-    return {data + p.chunk_begin(chunk), values + p.values_begin(chunk),
-            offsets + p.values_begin(chunk)};
+  __device__ offset_writer at(const cache_layout& layout, std::int64_t chunk) const {
+    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
+            offsets + layout.values_begin(chunk)};
   }
   __device__ void operator()(std::uint64_t i, bool, bool keep, std::uint64_t slot) const {
     if (keep) {
@@ -193,8 +193,9 @@ struct dense_writer {
   Out* out;
   bool rescale;
   float scale;
-  __device__ dense_writer at(const element_plan& p, std::int64_t chunk) const {
-    return {values + p.values_begin(chunk), out + p.chunk_begin(chunk), p.rescale, p.scale(chunk)};
+  __device__ dense_writer at(const cache_layout& layout, std::int64_t chunk) const {
+    return {values + layout.values_begin(chunk), out + layout.chunk_begin(chunk), layout.rescale,
+            layout.value_scale(chunk)};
   }
   __device__ void operator()(std::uint64_t i, bool in_range, bool keep, std::uint64_t slot) const {
     if (in_range) out[i] = keep ? densified<Out>(values[slot], rescale, scale) : Out{};

@@ -42,8 +42,7 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
 
 template <storage_type T>
 void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const T* dz, T* dw,
-                        const conv2d_geometry& g, grad_mode mode,
-                        const gradient_scratch& scratch) {
+                        const conv2d_geometry& g, grad_mode mode, const gradient_scratch& scratch) {
   const std::int64_t outputs =
       g.out_channels * (g.in_channels / g.groups) * g.kernel_h * g.kernel_w;
   if (outputs == 0) return;
