@@ -252,7 +252,7 @@ TEST_CASE("a run-time policy_spec plans exactly like the matching policy") {
   CHECK_ERROR(
       dropit::plan_cache({.selection = selection_kind::chunked_min_k, .channel_granularity = true},
                          s, dropit::element_type::float32),
-      "chunked min-k", "channel");
+      "chunked_min_k", "channel granularity");
   CHECK_ERROR(dropit::plan_cache({.selection = selection_kind::min_k, .gamma = 1.25}, s,
                                  dropit::element_type::float32),
               "1.25");

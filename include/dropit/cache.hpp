@@ -33,7 +33,6 @@
 
 namespace dropit {
 
-enum class selection_kind : std::uint8_t { random, min_k, chunked_min_k };
 enum class position_encoding : std::uint8_t { bitmask, offsets, seeded, channel_list };
 
 constexpr std::string_view name_of(position_encoding encoding) {
@@ -104,6 +103,10 @@ struct cache_layout {
     return chunk * mask_words_per_chunk();
   }
 
+  /// Whether the cache stores where its values were (selections that rank values), rather than
+  /// regenerating the positions from the seed.
+  DROPIT_HOST_DEVICE bool stores_positions() const { return encoding != position_encoding::seeded; }
+
   /// Number of stored values.
   DROPIT_HOST_DEVICE std::int64_t kept() const {
     if (channel_granularity) return outer * kept_channels * inner;
@@ -149,26 +152,20 @@ struct cache_layout {
 };
 
 /// Plans the cache of a tensor of `type` and `input_shape` under `p`: validates the policy and
-/// computes counts, encoding and sizes. Throws `dropit::error` on bad parameters.
+/// computes counts, encoding and sizes from the selection's traits. Throws `dropit::error` on bad
+/// parameters.
 template <policy_type P>
 cache_layout plan_cache(const P& p, const shape& input_shape, element_type type) {
-  using S = typename P::selection_type;
+  using traits = selection_traits<typename P::selection_type>;
+  traits::validate(p.selection);
   cache_layout layout;
   layout.shape = input_shape;
   layout.type = type;
+  layout.selection = traits::kind;
   layout.gamma = p.selection.gamma;
-  detail::validate_gamma(layout.gamma);
+  layout.seed = traits::seed(p.selection);
+  layout.rescale = traits::rescale(p.selection);
   const std::int64_t n = input_shape.validate("input");
-
-  if constexpr (std::same_as<S, random_selection>) {
-    layout.selection = selection_kind::random;
-    layout.seed = p.selection.seed;
-    layout.rescale = p.selection.rescale;
-  } else if constexpr (std::same_as<S, min_k_selection>) {
-    layout.selection = selection_kind::min_k;
-  } else {
-    layout.selection = selection_kind::chunked_min_k;
-  }
 
   if constexpr (std::same_as<typename P::granularity_type, channel_granularity>) {
     detail::expect(input_shape.rank >= 1, "channel granularity needs a tensor of rank >= 1");
@@ -181,28 +178,17 @@ cache_layout plan_cache(const P& p, const shape& input_shape, element_type type)
     detail::expect(layout.channels <= std::numeric_limits<std::int32_t>::max(), "channel count ",
                    layout.channels, " exceeds the 32-bit channel index range");
     layout.kept_channels = kept_count(layout.channels, layout.gamma);
-    layout.encoding = std::same_as<S, random_selection> ? position_encoding::seeded
-                                                        : position_encoding::channel_list;
+    layout.encoding =
+        traits::ranks_values ? position_encoding::channel_list : position_encoding::seeded;
     return layout;
   } else {
-    if constexpr (std::same_as<S, min_k_selection>) {
-      // Whole-tensor selection: one chunk, offsets addressed with 16 or 32 bits.
-      detail::expect(n <= std::int64_t{std::numeric_limits<std::uint32_t>::max()}, "min-k over ", n,
-                     " elements exceeds the 32-bit index range (at most ",
-                     std::numeric_limits<std::uint32_t>::max(),
-                     "); use chunked_min_k_selection for larger tensors");
-      layout.chunk_size = n;
-      layout.offset_bytes = n <= max_chunk_size ? 2 : 4;
-    } else {
-      detail::validate_chunk_size(p.selection.chunk_size);
-      layout.chunk_size = p.selection.chunk_size;
-      layout.offset_bytes = 2;
-    }
+    layout.chunk_size = traits::chunk_size(p.selection, n);
+    layout.offset_bytes = layout.chunk_size <= max_chunk_size ? 2 : 4;
     layout.kept_per_chunk = kept_count(layout.chunk_size, layout.gamma);
     layout.kept_per_tail = kept_count(layout.tail_size(), layout.gamma);
-    if constexpr (std::same_as<S, random_selection>) {
+    if constexpr (!traits::ranks_values) {
       layout.encoding = position_encoding::seeded;
-    } else {
+    } else {  // the smaller of offsets and bitmask, bitmask on a tie
       layout.encoding = position_encoding::offsets;
       const std::size_t offsets_bytes = layout.position_bytes();
       layout.encoding = position_encoding::bitmask;
@@ -217,42 +203,22 @@ cache_layout plan_cache(const P& p, const shape& input_shape) {
   return plan_cache(p, input_shape, element_type_of<T>);
 }
 
-/// A policy chosen at run time (from a command line or a layer's options). `plan_cache` turns it
-/// into the same layout as the matching `policy<...>`.
-struct policy_spec {
-  selection_kind selection = selection_kind::chunked_min_k;
-  bool channel_granularity = false;
-  int channel_axis = 1;
-  double gamma = 0.9;
-  std::int64_t chunk_size = default_chunk_size;
-  std::uint64_t seed = 0;
-  bool rescale = false;
-};
-
 /// Calls `visit(p)` with the compile-time `policy<...>` that `spec` describes.
 template <class Visit>
 decltype(auto) visit_policy(const policy_spec& spec, Visit&& visit) {
-  const channel_granularity channel{spec.channel_axis};
-  switch (spec.selection) {
-    case selection_kind::random: {
-      const random_selection s{spec.gamma, spec.seed, spec.chunk_size, spec.rescale};
+  return visit_selection(spec.selection, [&]<class S>(std::type_identity<S>) -> decltype(auto) {
+    using traits = selection_traits<S>;
+    const S selection = traits::from_spec(spec);
+    if constexpr (traits::supports_channels) {
       if (spec.channel_granularity)
-        return visit(policy<random_selection, channel_granularity>{s, channel});
-      return visit(policy<random_selection>{s, {}});
+        return visit(
+            policy<S, channel_granularity>{selection, channel_granularity{spec.channel_axis}});
+    } else {
+      detail::expect(!spec.channel_granularity, traits::name,
+                     " selects elements and does not support channel granularity");
     }
-    case selection_kind::min_k: {
-      const min_k_selection s{spec.gamma};
-      if (spec.channel_granularity)
-        return visit(policy<min_k_selection, channel_granularity>{s, channel});
-      return visit(policy<min_k_selection>{s, {}});
-    }
-    case selection_kind::chunked_min_k:
-      detail::expect(!spec.channel_granularity,
-                     "chunked min-k selects elements; channel granularity is available for random "
-                     "and min-k selection");
-      return visit(policy<chunked_min_k_selection>{{spec.gamma, spec.chunk_size}, {}});
-  }
-  detail::fail("unknown selection kind ", static_cast<int>(spec.selection));
+    return visit(policy<S>{selection, {}});
+  });
 }
 
 inline cache_layout plan_cache(const policy_spec& spec, const shape& input_shape,
@@ -270,9 +236,8 @@ inline void validate_layout(const cache_layout& layout) {
   expect(static_cast<int>(layout.type) <= static_cast<int>(element_type::bfloat16),
          "cache layout element type ", static_cast<int>(layout.type),
          " is unknown; expected 0 (float32), 1 (float16) or 2 (bfloat16)");
-  expect(static_cast<int>(layout.selection) <= static_cast<int>(selection_kind::chunked_min_k),
-         "cache layout selection ", static_cast<int>(layout.selection),
-         " is unknown; expected 0 (random), 1 (min-k) or 2 (chunked min-k)");
+  expect(is_known_selection(layout.selection), "cache layout selection ",
+         static_cast<int>(layout.selection), " is unknown; expected one of ", known_selections());
   expect(static_cast<int>(layout.encoding) <= static_cast<int>(position_encoding::channel_list),
          "cache layout encoding ", static_cast<int>(layout.encoding),
          " is unknown; expected 0 (bitmask), 1 (offsets), 2 (seeded) or 3 (channel_list)");

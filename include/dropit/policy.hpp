@@ -3,43 +3,52 @@
 /// Selection and granularity policies, composed at compile time as `policy<Selection,
 /// Granularity>`, and `kept_count`, the one definition of how many of `n` candidates survive a drop
 /// rate.
+///
+/// Each selection lives in its own header under selection/ with its `selection_traits`
+/// specialisation; `selection_policies` below lists them for the run-time dispatch.
 
-#include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <string>
 #include <type_traits>
+#include <utility>
 
 #include "config.hpp"
+#include "selection/chunked_min_k.hpp"
+#include "selection/chunking.hpp"
+#include "selection/min_k.hpp"
+#include "selection/random.hpp"
+#include "selection/traits.hpp"
 
 namespace dropit {
 
-/// Default chunk length D of the chunked policies (the paper's "parallel min-k").
-inline constexpr std::int64_t default_chunk_size = std::int64_t{1} << 14;
-/// Chunk lengths are limited so an offset within a chunk fits 16 bits.
-inline constexpr std::int64_t max_chunk_size = std::int64_t{1} << 16;
+/// Every selection policy, for the dispatch from a run-time `selection_kind`.
+using selection_policies =
+    selection_list<random_selection, min_k_selection, chunked_min_k_selection>;
 
-/// Keep `k` positions per chunk of `chunk_size` consecutive elements, uniformly without
-/// replacement, drawn from a counter-based generator keyed by (seed, chunk). The positions are
-/// regenerated in backward, so the cache stores values only.
-struct random_selection {
-  double gamma = 0.9;
-  std::uint64_t seed = 0;
-  std::int64_t chunk_size = default_chunk_size;
-  /// Scale kept values by n/k in backward (an unbiased estimator). Off in the paper.
-  bool rescale = false;
-};
+/// Calls `visit(std::type_identity<S>{})` with the selection policy whose kind is `kind`.
+template <class Visit>
+decltype(auto) visit_selection(selection_kind kind, Visit&& visit) {
+  return detail::visit_selection_in(selection_policies{}, kind, std::forward<Visit>(visit));
+}
 
-/// Keep the `k(n)` largest magnitudes of the whole tensor (exact top-k).
-struct min_k_selection {
-  double gamma = 0.9;
-};
+/// Whether `kind` is the kind of one of `selection_policies`.
+constexpr bool is_known_selection(selection_kind kind) {
+  return []<class... S>(selection_list<S...>, selection_kind k) {
+    return ((k == selection_traits<S>::kind) || ...);
+  }(selection_policies{}, kind);
+}
 
-/// Keep the `k(D)` largest magnitudes of every chunk of `chunk_size` consecutive elements; a
-/// shorter tail chunk keeps `k(tail)`.
-struct chunked_min_k_selection {
-  double gamma = 0.9;
-  std::int64_t chunk_size = default_chunk_size;
-};
+/// The known selections as "name (kind), ...", for error messages.
+inline std::string known_selections() {
+  std::string names;
+  [&]<class... S>(selection_list<S...>) {
+    ((names += (names.empty() ? "" : ", ") + std::string(selection_traits<S>::name) + " (" +
+               std::to_string(static_cast<int>(selection_traits<S>::kind)) + ")"),
+     ...);
+  }(selection_policies{});
+  return names;
+}
 
 /// Select individual elements.
 struct element_granularity {};
@@ -51,8 +60,9 @@ struct channel_granularity {
 };
 
 template <class S>
-concept selection_policy = std::same_as<S, random_selection> || std::same_as<S, min_k_selection> ||
-    std::same_as<S, chunked_min_k_selection>;
+concept selection_policy = requires {
+  { selection_traits<S>::kind } -> std::convertible_to<selection_kind>;
+};
 
 template <class G>
 concept granularity_policy =
@@ -60,8 +70,8 @@ concept granularity_policy =
 
 /// A complete policy: what to keep and at which granularity.
 template <selection_policy Selection, granularity_policy Granularity = element_granularity>
-requires(!(std::same_as<Selection, chunked_min_k_selection> &&
-           std::same_as<Granularity, channel_granularity>)) struct policy {
+requires(selection_traits<Selection>::supports_channels ||
+         !std::same_as<Granularity, channel_granularity>) struct policy {
   using selection_type = Selection;
   using granularity_type = Granularity;
   Selection selection{};
@@ -75,29 +85,4 @@ concept policy_type = requires {
 }
 &&std::same_as<P, policy<typename P::selection_type, typename P::granularity_type>>;
 
-/// How many of `n` candidates are kept at drop rate `gamma` in [0, 1): n - floor(gamma * n). A
-/// product within a few ulps of an integer counts as that integer, so that decimal rates which
-/// binary cannot represent (0.29 * 100 = 28.999999999999996) drop exactly what they say. Never 0
-/// when n > 0.
-DROPIT_HOST_DEVICE constexpr std::int64_t kept_count(std::int64_t n, double gamma) {
-  if (n <= 0) return 0;
-  const double product = gamma * static_cast<double>(n);
-  const auto below = static_cast<std::int64_t>(product);  // product >= 0: truncation is floor
-  const double gap = static_cast<double>(below + 1) - product;
-  const std::int64_t dropped = gap <= 4 * 2.220446049250313e-16 * product ? below + 1 : below;
-  return dropped >= n ? 1 : n - dropped;  // never drop everything
-}
-
-namespace detail {
-
-inline void validate_gamma(double gamma) {
-  expect(gamma >= 0.0 && gamma < 1.0, "drop rate gamma = ", gamma, " is outside [0, 1)");
-}
-
-inline void validate_chunk_size(std::int64_t chunk_size) {
-  expect(chunk_size >= 1 && chunk_size <= max_chunk_size, "chunk size D = ", chunk_size,
-         " is outside [1, ", max_chunk_size, "]");
-}
-
-}  // namespace detail
 }  // namespace dropit

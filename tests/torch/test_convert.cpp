@@ -260,7 +260,7 @@ TEST_CASE("torch: bad gamma is rejected when a layer is built, naming the value"
 TEST_CASE("torch: bad policy options are rejected when a layer is built") {
   nn::Linear dense(4, 4);
   CHECK_DROPIT_ERROR(dt::Linear(*dense, DropitOptions().granularity(granularity_kind::channel)),
-                     "chunked min-k", "channel granularity");
+                     "chunked_min_k", "channel granularity");
   for (const std::int64_t d : {std::int64_t{0}, std::int64_t{65537}}) {
     CAPTURE(d);
     CHECK_DROPIT_ERROR(dt::Linear(*dense, DropitOptions().chunk_size(d)), std::to_string(d),

@@ -6,6 +6,7 @@
 /// in eval mode or under no-grad they run the plain dense forward and sparsify nothing.
 
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string_view>
 
@@ -15,14 +16,17 @@ namespace dropit::torch {
 
 enum class granularity_kind : std::uint8_t { element, channel };
 
-/// The selection named "chunked_min_k", "min_k" or "random" (the names the Python package and the
-/// examples take on their command lines).
+/// The selection named by its traits' `name`: "chunked_min_k", "min_k" or "random" (the names the
+/// Python package and the examples take on their command lines).
 inline selection_kind selection_from_name(std::string_view name) {
-  if (name == "chunked_min_k") return selection_kind::chunked_min_k;
-  if (name == "min_k") return selection_kind::min_k;
-  if (name == "random") return selection_kind::random;
-  dropit::detail::fail("unknown selection policy '", name,
-                       "'; expected 'chunked_min_k', 'min_k' or 'random'");
+  std::optional<selection_kind> found;
+  [&]<class... S>(selection_list<S...>) {
+    ((name == selection_traits<S>::name ? void(found = selection_traits<S>::kind) : void()), ...);
+  }(selection_policies{});
+  if (!found)
+    dropit::detail::fail("unknown selection policy '", name, "'; expected one of ",
+                         known_selections());
+  return *found;
 }
 
 /// The granularity named "element" or "channel".

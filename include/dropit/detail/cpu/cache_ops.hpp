@@ -8,8 +8,10 @@
 #include <bit>
 #include <cstdint>
 #include <numeric>
+#include <type_traits>
 
 #include "../../cache.hpp"
+#include "../../policy.hpp"
 #include "../common/keys.hpp"
 #include "../common/workspace.hpp"
 #include "parallel.hpp"
@@ -21,19 +23,24 @@ namespace dropit::detail::cpu {
 // ---------------------------------------------------------------------------------------------
 // Element granularity.
 
-/// Selection keys of one chunk: magnitudes of `input` for min-k, generator draws for random.
+/// Selection keys of one chunk, from the layout's selection: ranked values of `input`, or
+/// generator draws (regenerable without it).
 template <storage_type T>
 void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
                 std::uint32_t* keys) {
   const std::int64_t length = layout.chunk_length(chunk);
-  if (layout.selection == selection_kind::random) {
-    for (std::int64_t i = 0; i < length; ++i)
-      keys[i] =
-          random_key(layout.seed, static_cast<std::uint64_t>(chunk), static_cast<std::uint64_t>(i));
-  } else {
-    const T* data = input + layout.chunk_begin(chunk);
-    for (std::int64_t i = 0; i < length; ++i) keys[i] = magnitude_key(data[i]);
-  }
+  const auto stream = static_cast<std::uint64_t>(chunk);
+  visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
+    using traits = selection_traits<S>;
+    if constexpr (traits::ranks_values) {
+      const T* data = input + layout.chunk_begin(chunk);
+      for (std::int64_t i = 0; i < length; ++i)
+        keys[i] = traits::key(data[i], layout.seed, stream, static_cast<std::uint64_t>(i));
+    } else {
+      for (std::int64_t i = 0; i < length; ++i)
+        keys[i] = traits::key(T{}, layout.seed, stream, static_cast<std::uint64_t>(i));
+    }
+  });
 }
 
 /// Scratch keys one thread needs for an element layout: the longest chunk's keys and the
@@ -59,8 +66,8 @@ inline constexpr std::int64_t chunk_group_elements = 4096;
 template <class Body>
 void for_each_chunk(const cpu_backend& backend, const cache_layout& layout, Body&& body) {
   const std::int64_t chunks = layout.chunk_count();
-  const std::int64_t group =
-      std::max<std::int64_t>(1, chunk_group_elements / std::max<std::int64_t>(1, layout.chunk_size));
+  const std::int64_t group = std::max<std::int64_t>(
+      1, chunk_group_elements / std::max<std::int64_t>(1, layout.chunk_size));
   parallel_for(backend, (chunks + group - 1) / group, [&](std::int64_t item, int thread) {
     const std::int64_t end = std::min(chunks, (item + 1) * group);
     for (std::int64_t chunk = item * group; chunk < end; ++chunk) body(chunk, thread);
@@ -190,17 +197,21 @@ inline void add_channel_scratch(workspace_carver& carver, const cache_layout& la
   order = carver.add<std::uint32_t>(layout.channels);
 }
 
-/// Writes the `kept_channels` selected channels to `kept`, ascending. Min-k ranks channels by
-/// score (needs `input`), random by generator draws (regenerable without it).
+/// Writes the `kept_channels` selected channels to `kept`, ascending. Selections that rank values
+/// rank channels by score (needs `input`); the others by generator draws (regenerable without it).
 template <storage_type T>
 void select_channels(const cpu_backend& backend, const cache_layout& layout, const T* input,
                      double* scores, std::uint32_t* order, std::uint32_t* kept) {
   const std::int64_t channels = layout.channels;
-  const bool random = layout.selection == selection_kind::random;
-  parallel_for(backend, channels, [&](std::int64_t c, int) {
-    scores[c] = random ? static_cast<double>(
-                             random_key(layout.seed, channel_stream, static_cast<std::uint64_t>(c)))
-                       : channel_score(layout, input, c);
+  visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
+    using traits = selection_traits<S>;
+    parallel_for(backend, channels, [&](std::int64_t c, int) {
+      if constexpr (traits::ranks_values)
+        scores[c] = channel_score(layout, input, c);
+      else
+        scores[c] = static_cast<double>(
+            traits::key(T{}, layout.seed, channel_stream, static_cast<std::uint64_t>(c)));
+    });
   });
   std::iota(order, order + channels, 0u);
   std::sort(order, order + channels, [&](std::uint32_t a, std::uint32_t b) {
@@ -220,8 +231,10 @@ const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<
     const auto* list = static_cast<const std::uint32_t*>(cache.positions);
     for (std::int64_t j = 0; j < cache.layout.kept_channels; ++j)
       expect(list[j] < cache.layout.channels && (j == 0 || list[j] > list[j - 1]),
-             "cache channel list entry ", j, " is channel ", list[j], "; expected ascending "
-             "channels below ", cache.layout.channels);
+             "cache channel list entry ", j, " is channel ", list[j],
+             "; expected ascending "
+             "channels below ",
+             cache.layout.channels);
     return list;
   }
   select_channels<std::remove_const_t<T>>(backend, cache.layout, nullptr, scores, order,
@@ -256,15 +269,13 @@ inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend
   if (layout.channel_granularity) {
     if (needs_input_selection || layout.encoding == position_encoding::seeded) {
       add_channel_scratch(carver, layout, scratch.scores, scratch.order);
-      scratch.channel_list =
-          carver.add<std::uint32_t>(layout.kept_channels);
+      scratch.channel_list = carver.add<std::uint32_t>(layout.kept_channels);
     }
   } else if (needs_input_selection || layout.encoding == position_encoding::seeded) {
     const auto threads = std::max<std::int64_t>(
         1, std::min<std::int64_t>(backend.thread_count(), layout.chunk_count()));
     scratch.keys_per_thread = element_scratch_keys(layout);
-    scratch.keys =
-        carver.add<std::uint32_t>(threads, scratch.keys_per_thread);
+    scratch.keys = carver.add<std::uint32_t>(threads, scratch.keys_per_thread);
   }
   return scratch;
 }

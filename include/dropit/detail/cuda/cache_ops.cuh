@@ -13,8 +13,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "../../cache.hpp"
+#include "../../policy.hpp"
 #include "../common/keys.hpp"
 #include "common.cuh"
 #include "kernels.cuh"
@@ -88,10 +90,18 @@ struct compress_scratch {
   std::uint32_t* channel_list = nullptr;  // seeded channel caches (not stored in the cache)
 };
 
+/// Whether the layout's selection picks from the whole tensor at once (many blocks) rather than
+/// chunk by chunk (a block per chunk).
+inline bool whole_tensor_selection(const cache_layout& layout) {
+  return visit_selection(layout.selection, []<class S>(std::type_identity<S>) {
+    return selection_traits<S>::whole_tensor;
+  });
+}
+
 inline compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layout& layout) {
   compress_scratch s;
   if (layout.channel_granularity) {
-    if (layout.selection != selection_kind::random) {
+    if (layout.stores_positions()) {  // channels ranked by score
       s.runs = (layout.outer * layout.inner + channel_score_block - 1) / channel_score_block;
       s.run_sums = carver.add<double>(static_cast<std::size_t>(layout.channels * s.runs));
       s.channel_keys = carver.add<std::uint64_t>(static_cast<std::size_t>(layout.channels));
@@ -99,16 +109,16 @@ inline compress_scratch add_compress_scratch(workspace_carver& carver, const cac
     s.select = add_global_select(carver, layout.channels);
     if (layout.encoding == position_encoding::seeded)
       s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
-  } else if (layout.selection == selection_kind::min_k) {
+  } else if (whole_tensor_selection(layout)) {
     s.select = add_global_select(carver, layout.numel());
   }
   return s;
 }
 
-template <class T, bool Random, class Writer>
+template <class Selection, class T, class Writer>
 void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const T* input,
                           const Writer& writer) {
-  select_chunks_kernel<T, Random>
+  select_chunks_kernel<T, Selection>
       <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(layout, input, writer);
   check_launch("dropit select_chunks_kernel");
 }
@@ -122,42 +132,54 @@ void compress_elements(cudaStream_t stream, const T* input, const cache_view<T>&
   auto* offsets16 = static_cast<std::uint16_t*>(out.positions);
   auto* offsets32 = static_cast<std::uint32_t*>(out.positions);
 
-  if (layout.selection == selection_kind::random) {
-    launch_select_chunks<T, true>(stream, layout, input, value_writer<T>{input, out.values});
-    return;
-  }
-  if (layout.selection == selection_kind::chunked_min_k) {
-    if (layout.encoding == position_encoding::bitmask)
-      launch_select_chunks<T, false>(stream, layout, input,
-                                     bitmask_writer<T>{input, out.values, words});
-    else
-      launch_select_chunks<T, false>(stream, layout, input,
+  visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
+    using traits = selection_traits<S>;
+    if constexpr (!traits::ranks_values) {  // seeded: values only
+      static_assert(!traits::whole_tensor, "whole-tensor selections rank values");
+      launch_select_chunks<S>(stream, layout, input, value_writer<T>{input, out.values});
+    } else if constexpr (!traits::whole_tensor) {  // a block per chunk, 16-bit offsets
+      if (layout.encoding == position_encoding::bitmask)
+        launch_select_chunks<S>(stream, layout, input, bitmask_writer<T>{input, out.values, words});
+      else
+        launch_select_chunks<S>(stream, layout, input,
+                                offset_writer<T, std::uint16_t>{input, out.values, offsets16});
+    } else {  // one chunk, the whole tensor, over many blocks
+      const selection_keys<S, T> keys{input, layout.seed, 0};
+      if (layout.encoding == position_encoding::bitmask)
+        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                     scratch.select, bitmask_writer<T>{input, out.values, words});
+      else if (layout.offset_bytes == 2)
+        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                     scratch.select,
                                      offset_writer<T, std::uint16_t>{input, out.values, offsets16});
-    return;
-  }
-  // Min-k: one chunk, the whole tensor.
-  const magnitude_keys<T> keys{input};
-  if (layout.encoding == position_encoding::bitmask)
-    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                 scratch.select, bitmask_writer<T>{input, out.values, words});
-  else if (layout.offset_bytes == 2)
-    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                 scratch.select,
-                                 offset_writer<T, std::uint16_t>{input, out.values, offsets16});
-  else
-    select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                 scratch.select,
-                                 offset_writer<T, std::uint32_t>{input, out.values, offsets32});
+      else
+        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
+                                     scratch.select,
+                                     offset_writer<T, std::uint32_t>{input, out.values, offsets32});
+    }
+  });
 }
 
-/// Writes the ascending list of kept channels to `list`: by score (min-k, needs `input`) or by
-/// generator draw (random, regenerable without it).
+/// Writes the ascending list of kept channels of a seeded cache to `list`: the generator draws of
+/// its selection, regenerable without the input.
+template <class T>
+void select_drawn_channels(cudaStream_t stream, const cache_layout& layout,
+                           const global_select_scratch& select, std::uint32_t* list) {
+  visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
+    if constexpr (!selection_traits<S>::ranks_values)
+      select_global<std::uint32_t>(
+          stream, selection_keys<S, T>{nullptr, layout.seed, channel_stream}, layout.channels,
+          layout.kept_channels, select, index_writer{list});
+  });
+}
+
+/// Writes the ascending list of kept channels to `list`: by score for selections that rank values
+/// (needs `input`), by generator draw otherwise (regenerable without it).
 template <storage_type T>
 void select_channels(cudaStream_t stream, const cache_layout& layout, const T* input,
                      const compress_scratch& scratch, std::uint32_t* list) {
-  if (layout.selection == selection_kind::random) {
-    select_global<std::uint32_t>(stream, random_keys{layout.seed, channel_stream}, layout.channels,
-                                 layout.kept_channels, scratch.select, index_writer{list});
+  if (!layout.stores_positions()) {
+    select_drawn_channels<T>(stream, layout, scratch.select, list);
     return;
   }
   if (scratch.runs > 0) {
@@ -268,8 +290,11 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
       return;
     }
     default:  // seeded: regenerate each chunk's draw and write the whole chunk
-      launch_select_chunks<T, true>(stream, layout, static_cast<const T*>(nullptr),
-                                    dense_writer<T, Out>{cache.values, out, layout.rescale, 1.0f});
+      visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
+        if constexpr (!selection_traits<S>::ranks_values)
+          launch_select_chunks<S>(stream, layout, static_cast<const T*>(nullptr),
+                                  dense_writer<T, Out>{cache.values, out, layout.rescale, 1.0f});
+      });
   }
 }
 
@@ -281,9 +306,7 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
   if (count == 0) return;
   const std::uint32_t* list = static_cast<const std::uint32_t*>(cache.positions);
   if (layout.encoding == position_encoding::seeded) {
-    select_global<std::uint32_t>(stream, random_keys{layout.seed, channel_stream}, layout.channels,
-                                 layout.kept_channels, scratch.select,
-                                 index_writer{scratch.channel_list});
+    select_drawn_channels<T>(stream, layout, scratch.select, scratch.channel_list);
     list = scratch.channel_list;
   }
   check(cudaMemsetAsync(scratch.slot_of, 0xff,

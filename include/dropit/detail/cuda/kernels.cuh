@@ -42,9 +42,9 @@ namespace dropit::detail::cuda {
 // ---------------------------------------------------------------------------------------------
 // Chunks, one per block.
 
-/// `Random`: keys are generator draws of stream `chunk`; otherwise magnitudes of `input`.
+/// Keys from `Selection` (values of `input`, or draws of stream `chunk`).
 /// `Writer::at(layout, chunk)` gives the chunk's visitor.
-template <class T, bool Random, class Writer>
+template <class T, class Selection, class Writer>
 DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Writer writer) {
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
@@ -53,15 +53,11 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
     const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
     const auto k = static_cast<std::uint32_t>(layout.kept_in_chunk(chunk));
     const auto visit = writer.at(layout, chunk);
-    if constexpr (Random) {
-      const random_keys key_of{layout.seed, static_cast<std::uint64_t>(chunk)};
-      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
-                    visit);
-    } else {
-      const magnitude_keys<T> key_of{input + layout.chunk_begin(chunk)};
-      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
-                    visit);
-    }
+    const T* data =
+        selection_traits<Selection>::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
+    const selection_keys<Selection, T> key_of{data, layout.seed, static_cast<std::uint64_t>(chunk)};
+    emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
+                  visit);
   }
 }
 

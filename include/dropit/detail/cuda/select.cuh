@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../../policy.hpp"
 #include "../common/keys.hpp"
 #include "common.cuh"
 
@@ -29,17 +30,19 @@ struct cut {
 // ---------------------------------------------------------------------------------------------
 // Keys.
 
-/// Magnitude keys of `data[i]`.
-template <class T>
-struct magnitude_keys {
+/// The keys of a selection's candidates (selection_traits::key): ranked values of `data`, or
+/// generator draws of `stream` (`data` unused, may be null).
+template <class Selection, class T>
+struct selection_keys {
   const T* data;
-  __device__ std::uint32_t operator()(std::uint64_t i) const { return magnitude_key(data[i]); }
-};
-
-/// Generator draws of one stream (a chunk, or `channel_stream`).
-struct random_keys {
   std::uint64_t seed, stream;
-  __device__ std::uint32_t operator()(std::uint64_t i) const { return random_key(seed, stream, i); }
+  __device__ std::uint32_t operator()(std::uint64_t i) const {
+    using traits = selection_traits<Selection>;
+    if constexpr (traits::ranks_values)
+      return traits::key(data[i], seed, stream, i);
+    else
+      return traits::key(T{}, seed, stream, i);
+  }
 };
 
 /// Keys computed beforehand (channel scores).
