@@ -22,7 +22,7 @@ namespace detail {
 template <storage_type T>
 DROPIT_HOST_DEVICE inline bool relu_passes(T y) {
   constexpr std::uint32_t sign = sizeof(T) == 4 ? 0x80000000u : 0x8000u;
-  constexpr std::uint32_t infinity = sizeof(T) == 4              ? 0x7f800000u
+  constexpr std::uint32_t infinity = sizeof(T) == 4            ? 0x7f800000u
                                      : std::is_same_v<T, half> ? 0x7c00u
                                                                : 0x7f80u;
   const std::uint32_t bits = bits_of(y);

@@ -4,13 +4,16 @@
 // synchronises.
 //
 // Which selection runs where:
-// - chunked min-k and random (element): one block per chunk (select_chunks_kernel): the chunk is
-//   read from global memory (L2 for the passes after the first) once per radix pass and once to
-//   emit; nothing else leaves the block.
+// - chunked min-k and random (element): one block per chunk (select_chunks_kernel). The chunk is
+//   read from global memory once, its keys (magnitudes or generator draws) staged in shared memory
+//   for the four radix passes and the emit, which reads only the kept values again. Chunks too
+//   long for the device's shared memory recompute their keys from global memory (L2 after the
+//   first pass) in every pass.
 // - min-k over the whole tensor, and channel selection: the multi-block select_global below, over
 //   magnitude keys, generator draws or channel-score keys. It reads the keys 4 times (8 for 64-bit
 //   channel-score keys) for the radix passes, once to count per span and once to emit.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -115,11 +118,37 @@ inline compress_scratch add_compress_scratch(workspace_carver& carver, const cac
   return s;
 }
 
+/// Lets `kernel` be launched with `bytes` of dynamic shared memory on the current device, if the
+/// device has that much per block beside the kernel's static shared memory; false if it has not.
+template <class Kernel>
+bool reserve_dynamic_shared_memory(Kernel* kernel, std::size_t bytes, const char* name) {
+  int device = 0, available = 0;
+  check(cudaGetDevice(&device), name);
+  check(cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), name);
+  cudaFuncAttributes attributes{};
+  check(cudaFuncGetAttributes(&attributes, kernel), name);
+  if (attributes.sharedSizeBytes + bytes > static_cast<std::size_t>(available)) return false;
+  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes)),
+        name);
+  return true;
+}
+
+/// One block per chunk, with the chunk's keys staged in shared memory where the device has room
+/// for them (D = 2^14 needs 64 KiB; sm_80 and sm_90 have room for D = 2^15), else re-reading it.
 template <class Selection, class T, class Writer>
 void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const T* input,
                           const Writer& writer) {
-  select_chunks_kernel<T, Selection>
-      <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(layout, input, writer);
+  const unsigned grid = grid_for(layout.chunk_count(), 1);
+  const auto staged_bytes =
+      static_cast<std::size_t>(std::min(layout.chunk_size, layout.numel())) * sizeof(std::uint32_t);
+  auto* staged = select_chunks_kernel<T, Selection, true, Writer>;
+  if (reserve_dynamic_shared_memory(staged, staged_bytes, "dropit select_chunks_kernel")) {
+    staged<<<grid, block_threads, staged_bytes, stream>>>(layout, input, writer);
+  } else {
+    select_chunks_kernel<T, Selection, false>
+        <<<grid, block_threads, 0, stream>>>(layout, input, writer);
+  }
   check_launch("dropit select_chunks_kernel");
 }
 

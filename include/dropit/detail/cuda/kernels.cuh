@@ -6,12 +6,13 @@
 // of translation units may include this header: a non-template kernel would be defined in each.
 //
 // Kernel by kernel (the host code in cache_ops.cuh / weight_grad.cuh strings them together):
-// - select_chunks: one block per chunk: block_select (4 radix histogram passes in shared memory)
-//   then emit_selected, writing values and bitmask / offsets, or the dense chunk of a seeded cache.
+// - select_chunks: one block per chunk: the chunk's keys staged in shared memory, block_select
+//   (4 radix histogram passes in shared memory) then emit_selected, writing values and bitmask /
+//   offsets, or the dense chunk of a seeded cache.
 // - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
-// 8-bit
-//   MSB radix passes; each pass builds a global 256-bin histogram (per-block shared histograms
-//   folded with one atomic per non-empty bin), then one block picks the digit holding the k-th key.
+//   8-bit MSB radix passes; each pass builds a global 256-bin histogram (per-block shared
+//   histograms folded with one atomic per non-empty bin), then one block picks the digit holding
+//   the k-th key.
 // - select_count / exclusive_scan / select_emit: per span of `span_size` candidates, the count of
 //   keys above / equal to the cut; a one-block scan of those counts; then every span emits its kept
 //   candidates at their global slots (emit_selected seeded with the span's counts).
@@ -44,10 +45,16 @@ namespace dropit::detail::cuda {
 
 /// Keys from `Selection` (values of `input`, or draws of stream `chunk`).
 /// `Writer::at(layout, chunk)` gives the chunk's visitor.
-template <class T, class Selection, class Writer>
+///
+/// `Staged`: the chunk's keys are computed once, from one read of the chunk, into dynamic shared
+/// memory (`chunk_size` keys, launched with that many 4-byte words), and the radix passes and the
+/// emit read them there; the writers then read only the kept values again. Otherwise every radix
+/// pass and the emit recompute the keys from global memory (for chunks too long for shared memory).
+template <class T, class Selection, bool Staged, class Writer>
 DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Writer writer) {
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
+  extern __shared__ std::uint32_t staged_keys[];
   const std::int64_t chunks = layout.chunk_count();
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
@@ -56,8 +63,18 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
     const T* data =
         selection_traits<Selection>::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
     const selection_keys<Selection, T> key_of{data, layout.seed, static_cast<std::uint64_t>(chunk)};
-    emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
-                  visit);
+    if constexpr (Staged) {
+      __syncthreads();  // the previous chunk's keys are no longer read
+      for (std::uint32_t i = threadIdx.x; i < length; i += block_threads)
+        staged_keys[i] = key_of(i);
+      __syncthreads();
+      const stored_keys<std::uint32_t> staged{staged_keys};
+      emit_selected(staged, block_select(staged, length, k, select_storage), 0, length, 0, 0, emit,
+                    visit);
+    } else {
+      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
+                    visit);
+    }
   }
 }
 
