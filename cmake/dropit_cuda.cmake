@@ -1,6 +1,6 @@
 # dropit::cuda: the CUDA backend (include/dropit/dropit.cuh). Header-only like the core; it adds
-# CUDA C++20, the toolkit's CCCL (CUB block primitives) and the CUDA runtime. Building it needs a
-# CUDA toolkit (nvcc), not a GPU: without a device the CUDA tests report themselves skipped.
+# CUDA C++20, the toolkit's CCCL (CUB block primitives), the CUDA runtime and cuBLAS. Building it
+# needs a CUDA toolkit (nvcc), not a GPU: without a device the CUDA tests report themselves skipped.
 #
 # The target never sets CUDA architectures: a consumer's CMAKE_CUDA_ARCHITECTURES (or CUDAARCHS)
 # decides. Only dropit's own top-level build defaults them to sm_80 and sm_90 when none are given.
@@ -30,7 +30,8 @@ if(DROPIT_BUILD_CUDA)
   # dropit::dropit brings OpenMP::OpenMP_CXX, whose -fopenmp applies to CXX sources only
   # ($<COMPILE_LANGUAGE:CXX>): CUDA translation units see the CPU backend without OpenMP, which only
   # makes it serial (its results never depend on the thread count).
-  target_link_libraries(dropit_cuda INTERFACE dropit::dropit CUDA::cudart)
+  # cuBLAS computes the linear weight gradient from the densified cache.
+  target_link_libraries(dropit_cuda INTERFACE dropit::dropit CUDA::cudart CUDA::cublas)
   # CUDA C++20: the compile feature where this CMake knows it for nvcc, else the flag itself
   # (CMake 3.25, Debian 12's, knows CUDA standards only up to 17).
   if("cuda_std_20" IN_LIST CMAKE_CUDA_COMPILE_FEATURES)

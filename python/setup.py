@@ -58,6 +58,8 @@ if build_with_cuda():
     extension = CUDAExtension(
         sources=["src/dropit_ext.cpp", "src/cuda_instances.cu"],
         define_macros=[("DROPIT_TORCH_CUDA", "1")],
+        # The CUDA backend's linear weight gradient calls cuBLAS (the one torch loads at run time).
+        libraries=["cublas"],
         extra_compile_args={
             "cxx": cxx_flags,
             # torch turns off CUDA's half and bfloat16 operators for its own sources; dropit's

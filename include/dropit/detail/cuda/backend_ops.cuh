@@ -50,7 +50,7 @@ std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes(const 
                                                                           const cache_layout& a,
                                                                           const linear_dims&) {
   return workspace_bytes_of(
-      [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, a); });
+      [&](workspace_carver& carver) { cuda::add_linear_scratch<T>(carver, a); });
 }
 
 template <storage_type T>
@@ -60,7 +60,7 @@ void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
                                                    workspace memory) {
   cuda::expect_no_pending_error("linear_weight_grad");
   workspace_carver carver(memory);
-  const auto scratch = cuda::add_gradient_scratch(carver, a.layout);
+  const auto scratch = cuda::add_linear_scratch<T>(carver, a.layout);
   cuda::linear_weight_grad<T>(backend.stream, a, dz, dw, d, mode, scratch);
 }
 
@@ -68,8 +68,7 @@ template <storage_type T>
 std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(const cuda_backend&,
                                                                           const cache_layout& x,
                                                                           const conv2d_geometry&) {
-  return workspace_bytes_of(
-      [&](workspace_carver& carver) { cuda::add_gradient_scratch(carver, x); });
+  return workspace_bytes_of([&](workspace_carver& carver) { cuda::add_conv2d_scratch(carver, x); });
 }
 
 template <storage_type T>
@@ -79,7 +78,7 @@ void backend_ops<cuda_backend>::conv2d_weight_grad(const cuda_backend& backend,
                                                    workspace memory) {
   cuda::expect_no_pending_error("conv2d_weight_grad");
   workspace_carver carver(memory);
-  const auto scratch = cuda::add_gradient_scratch(carver, x.layout);
+  const auto scratch = cuda::add_conv2d_scratch(carver, x.layout);
   cuda::conv2d_weight_grad<T>(backend.stream, x, dz, dw, g, mode, scratch);
 }
 
