@@ -5,9 +5,9 @@
 //   (cudaMemcpyAsync of the dense tensor). Counter `bytes`: what the case must move (compress: the
 //   input read plus the cache written; densify: the cache read plus the dense tensor written);
 //   `GB_per_s` is that over the median time, to compare with the copy's (2 x its bytes).
-// - linear_dw/<policy>/<dtype>/gamma:g/M:m/K:k/N:n: dropit's weight-gradient kernel on the cache,
-//   and densify_gemm/...: the cache densified into a workspace, then cuBLAS (the LibTorch adapters'
-//   path on a GPU),  vs  gemm/<dtype>/M:m/K:k/N:n: cublasGemmEx on the dense input (float
+// - linear_dw/<policy>/<dtype>/gamma:g/M:m/K:k/N:n: the CUDA backend's weight gradient on the cache
+//   (it densifies into its workspace and calls cuBLAS itself), and densify_gemm/...: public densify
+//   then cuBLAS by the caller (the LibTorch adapters' path on a GPU),  vs  gemm/<dtype>/M:m/K:k/N:n: cublasGemmEx on the dense input (float
 //   accumulation; tensor cores for 16-bit types).
 // Built by CMake when the CUDA backend is (it links cuBLAS); run by scripts/gpu-check. Without a
 // CUDA device it says so and exits with status 1.
