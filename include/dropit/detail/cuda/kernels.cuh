@@ -107,10 +107,16 @@ DROPIT_KERNEL void select_histogram_kernel(KeyOf key_of, std::uint64_t m,
   __syncthreads();
   const Key prefix = state->prefix, mask = state->mask;
   const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
-  for (std::uint64_t i = std::uint64_t{blockIdx.x} * block_threads + threadIdx.x; i < m;
-       i += stride) {
-    const Key key = key_of(i);
-    if ((key & mask) == prefix) atomicAdd(&counts[(key >> shift) & 0xffu], 1u);
+  // Warp by warp, so that all 32 lanes take part in every vote of count_in_warp.
+  for (std::uint64_t base = std::uint64_t{blockIdx.x} * block_threads + (threadIdx.x & ~31u);
+       base < m; base += stride) {
+    const std::uint64_t i = base + (threadIdx.x & 31u);
+    std::uint32_t bin = radix_bins;  // none: out of range, or outside the prefix
+    if (i < m) {
+      const Key key = key_of(i);
+      if ((key & mask) == prefix) bin = static_cast<std::uint32_t>((key >> shift) & 0xffu);
+    }
+    count_in_warp(counts, bin);
   }
   __syncthreads();
   if (counts[threadIdx.x] != 0)

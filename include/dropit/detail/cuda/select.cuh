@@ -5,10 +5,10 @@
 //
 // A selection is a cut (common/keys.hpp's `threshold`): keep every key above `key` and the first
 // `ties` keys equal to it. `block_select` finds the cut of one chunk inside one block by MSB radix
-// passes (8 bits each) over a shared-memory histogram; `emit_selected` then walks the candidates in
-// index order, one tile of `block_threads` at a time, and a block scan of the (above, equal) flags
-// gives every kept candidate its output slot, so writers store values and positions in ascending
-// position order with no further coordination.
+// passes (8 bits each) over a shared-memory histogram, counted with warp-aggregated atomics;
+// `emit_selected` then walks the candidates in index order, one tile of `block_threads` at a time,
+// and a block scan of the (above, equal) flags gives every kept candidate its output slot, so
+// writers store values and positions in ascending position order with no further coordination.
 
 #include <cub/block/block_scan.cuh>
 
@@ -55,6 +55,16 @@ struct stored_keys {
 // ---------------------------------------------------------------------------------------------
 // Selection inside one block (32-bit keys, at most 2^32 - 1 candidates).
 
+/// Adds to `histogram[bin]` one for every lane of the warp holding `bin` (lanes holding
+/// `radix_bins` count nowhere), with one shared-memory atomic per distinct bin: magnitudes of one
+/// tensor share a few exponents, so the lanes of a warp mostly fall into two or three bins, which
+/// one atomic per lane would serialise. Called by all 32 lanes of the warp together.
+__device__ inline void count_in_warp(std::uint32_t* histogram, std::uint32_t bin) {
+  const std::uint32_t peers = __match_any_sync(0xffffffffu, bin);
+  if (bin < radix_bins && (threadIdx.x & 31u) == static_cast<std::uint32_t>(__ffs(peers) - 1))
+    atomicAdd(&histogram[bin], static_cast<std::uint32_t>(__popc(peers)));
+}
+
 struct block_select_storage {
   std::uint32_t histogram[radix_bins];
   typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
@@ -72,9 +82,14 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
   for (int shift = 24; shift >= 0; shift -= 8) {
     s.histogram[threadIdx.x] = 0;
     __syncthreads();
-    for (std::uint32_t i = threadIdx.x; i < length; i += block_threads) {
-      const std::uint32_t key = key_of(i);
-      if ((key & mask) == prefix) atomicAdd(&s.histogram[(key >> shift) & 0xffu], 1u);
+    for (std::uint32_t base = threadIdx.x & ~31u; base < length; base += block_threads) {
+      const std::uint32_t i = base + (threadIdx.x & 31u);
+      std::uint32_t bin = radix_bins;  // none: out of range, or outside the prefix
+      if (i < length) {
+        const std::uint32_t key = key_of(i);
+        if ((key & mask) == prefix) bin = (key >> shift) & 0xffu;
+      }
+      count_in_warp(s.histogram, bin);
     }
     __syncthreads();
     // Thread t holds bin 255 - t, so its inclusive sum counts the keys in its bin or above.
