@@ -58,6 +58,32 @@ TEST_CASE_TEMPLATE("min-k over more than 2^16 elements (32-bit offsets and bitma
   }
 }
 
+TEST_CASE_TEMPLATE("min-k over a long tensor, selected by several threads together", T, float,
+                   half, bfloat16) {
+  // From 2^16 elements, the only chunk of a min-k layout is keyed, counted and emitted by every
+  // thread, range by range; the kept set must still be the reference's, ties to the lower index.
+  using S = test::special<T>;
+  const std::int64_t n = 70001;
+  std::vector<std::vector<T>> inputs = {test::nasty_values<T>(n, 21), test::smooth_values<T>(n, 22),
+                                        std::vector<T>(n, test::make<T>(2.0))};  // one big tie
+  std::vector<T> nans(n, test::from_bits<T>(S::quiet_nan));  // more NaNs than places
+  for (std::int64_t i = 0; i < n; i += 5) nans[i] = test::make<T>(1.0);
+  inputs.push_back(nans);
+  std::vector<T> one_bin(n);  // nearly equal keys: the cut is resolved among one radix bin
+  const std::uint32_t one = dropit::bits_of(test::make<T>(1.0));
+  for (std::int64_t i = 0; i < n; ++i)
+    one_bin[i] = test::from_bits<T>(one + static_cast<std::uint32_t>((i * 7919) % 61));
+  inputs.push_back(one_bin);
+  for (const auto& x : inputs)
+    for (const ref::rate& r : some_rates)
+      for (int threads : {2, 3}) {
+        CAPTURE(r.gamma);
+        CAPTURE(threads);
+        check_keeps(x, {n}, policy<min_k_selection>{{r.gamma}}, ref::min_k_mask(x, r),
+                    cpu_backend{threads});
+      }
+}
+
 TEST_CASE_TEMPLATE("chunked min-k keeps k(D) per chunk and k(tail) in the tail", T, float, half,
                    bfloat16) {
   std::uint64_t seed = 100;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <bit>
 #include <cstdint>
+#include <new>
 #include <numeric>
 #include <type_traits>
 
@@ -23,24 +24,30 @@ namespace dropit::detail::cpu {
 // ---------------------------------------------------------------------------------------------
 // Element granularity.
 
-/// Selection keys of one chunk, from the layout's selection: ranked values of `input`, or
-/// generator draws (regenerable without it).
+/// Selection keys of elements [first, last) of one chunk into `keys[first, last)`, from the
+/// layout's selection: ranked values of `input`, or generator draws (regenerable without it).
 template <storage_type T>
-void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
-                std::uint32_t* keys) {
-  const std::int64_t length = layout.chunk_length(chunk);
+void range_keys(const cache_layout& layout, const T* input, std::int64_t chunk, std::int64_t first,
+                std::int64_t last, std::uint32_t* keys) {
   const auto stream = static_cast<std::uint64_t>(chunk);
   visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
     using traits = selection_traits<S>;
     if constexpr (traits::ranks_values) {
       const T* data = input + layout.chunk_begin(chunk);
-      for (std::int64_t i = 0; i < length; ++i)
+      for (std::int64_t i = first; i < last; ++i)
         keys[i] = traits::key(data[i], layout.seed, stream, static_cast<std::uint64_t>(i));
     } else {
-      for (std::int64_t i = 0; i < length; ++i)
+      for (std::int64_t i = first; i < last; ++i)
         keys[i] = traits::key(T{}, layout.seed, stream, static_cast<std::uint64_t>(i));
     }
   });
+}
+
+/// Selection keys of a whole chunk into `keys[0, length)`.
+template <storage_type T>
+void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
+                std::uint32_t* keys) {
+  range_keys(layout, input, chunk, 0, layout.chunk_length(chunk), keys);
 }
 
 /// Scratch keys one thread needs for an element layout: the longest chunk's keys and the
@@ -74,21 +81,21 @@ void for_each_chunk(const cpu_backend& backend, const cache_layout& layout, Body
   });
 }
 
+/// Stores the kept elements among positions [first, first + length) of `chunk`, whose keys are
+/// `keys[0, length)`, under `cut`: their values from the chunk's value `stored_before` on, and
+/// their positions in the layout's encoding. `first` is a multiple of 32, so bitmask words are
+/// whole.
 template <storage_type T>
-void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
-                           const cache_view<T>& out, std::uint32_t* scratch) {
-  const std::int64_t length = layout.chunk_length(chunk);
-  const T* data = input + layout.chunk_begin(chunk);
-  T* values = out.values + layout.values_begin(chunk);
-
-  std::uint32_t* keys = scratch;
-  chunk_keys(layout, input, chunk, keys);
-  const threshold cut = chunk_threshold(layout, chunk, keys);
-
+void emit_kept_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
+                      std::int64_t first, std::int64_t length, const std::uint32_t* keys,
+                      threshold cut, const cache_view<T>& out, std::int64_t stored_before) {
+  const T* data = input + layout.chunk_begin(chunk) + first;
+  T* values = out.values + layout.values_begin(chunk) + stored_before;
   std::int64_t stored = 0;
   switch (layout.encoding) {
     case position_encoding::bitmask: {
-      auto* words = static_cast<std::uint32_t*>(out.positions) + layout.mask_word_begin(chunk);
+      auto* words =
+          static_cast<std::uint32_t*>(out.positions) + layout.mask_word_begin(chunk) + first / 32;
       for_each_selected_word(keys, length, cut, [&](std::int64_t word, std::uint32_t bits) {
         words[word] = bits;
         for (; bits != 0; bits &= bits - 1)
@@ -98,15 +105,17 @@ void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int6
     }
     case position_encoding::offsets:
       if (layout.offset_bytes == 2) {
-        auto* offsets = static_cast<std::uint16_t*>(out.positions) + layout.values_begin(chunk);
+        auto* offsets =
+            static_cast<std::uint16_t*>(out.positions) + layout.values_begin(chunk) + stored_before;
         for_each_selected(keys, length, cut, [&](std::int64_t i) {
-          offsets[stored] = static_cast<std::uint16_t>(i);
+          offsets[stored] = static_cast<std::uint16_t>(first + i);
           values[stored++] = data[i];
         });
       } else {
-        auto* offsets = static_cast<std::uint32_t*>(out.positions) + layout.values_begin(chunk);
+        auto* offsets =
+            static_cast<std::uint32_t*>(out.positions) + layout.values_begin(chunk) + stored_before;
         for_each_selected(keys, length, cut, [&](std::int64_t i) {
-          offsets[stored] = static_cast<std::uint32_t>(i);
+          offsets[stored] = static_cast<std::uint32_t>(first + i);
           values[stored++] = data[i];
         });
       }
@@ -114,6 +123,16 @@ void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int6
     default:  // seeded: values only
       for_each_selected(keys, length, cut, [&](std::int64_t i) { values[stored++] = data[i]; });
   }
+}
+DROPIT_CPU_DISPATCH(emit_kept)
+
+template <storage_type T>
+void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
+                           const cache_view<T>& out, std::uint32_t* scratch) {
+  std::uint32_t* keys = scratch;
+  chunk_keys(layout, input, chunk, keys);
+  const threshold cut = chunk_threshold(layout, chunk, keys);
+  emit_kept_kernel(layout, input, chunk, 0, layout.chunk_length(chunk), keys, cut, out, 0);
 }
 DROPIT_CPU_DISPATCH(compress_chunk)
 
@@ -243,6 +262,124 @@ const std::uint32_t* kept_channels(const cpu_backend& backend, const cache_view<
 }
 
 // ---------------------------------------------------------------------------------------------
+// One long chunk, selected by all threads together (min-k over a whole tensor).
+
+/// Chunks at least this long are selected by all threads together when a layout has only one
+/// chunk: otherwise one thread would key, count and emit the whole tensor alone.
+inline constexpr std::int64_t shared_chunk_elements = std::int64_t{1} << 16;
+
+/// Whether compress selects the layout's only chunk with every thread (see shared_chunk_elements).
+inline bool selects_shared_chunk(const cpu_backend& backend, const cache_layout& layout) {
+  return layout.chunk_count() == 1 && layout.chunk_length(0) >= shared_chunk_elements &&
+         backend.thread_count() > 1;
+}
+
+/// Scratch of the shared selection: a histogram and (above, equal) counts per range of the chunk.
+struct shared_chunk_scratch {
+  std::int64_t ranges = 0;
+  radix_histogram* histograms = nullptr;
+  std::int64_t* counts = nullptr;  // [ranges][4]: above, equal, kept ties, values before
+};
+
+inline shared_chunk_scratch add_shared_chunk_scratch(workspace_carver& carver,
+                                                     const cpu_backend& backend) {
+  shared_chunk_scratch scratch;
+  scratch.ranges = 4 * std::int64_t{backend.thread_count()};  // a few per thread, for balance
+  scratch.histograms = carver.add<radix_histogram>(scratch.ranges);
+  scratch.counts = carver.add<std::int64_t>(scratch.ranges, 4);
+  return scratch;
+}
+
+/// The keys of positions [first, last) of chunk 0 into `keys[first, last)`, and their histogram.
+template <storage_type T>
+void key_range_kernel(const cache_layout& layout, const T* input, std::int64_t first,
+                      std::int64_t last, std::uint32_t* keys, radix_histogram* histogram) {
+  range_keys(layout, input, 0, first, last, keys);
+  new (histogram) radix_histogram(keys + first, last - first);
+}
+DROPIT_CPU_DISPATCH(key_range)
+
+/// Keys of `keys[0, n)` above `cut` and equal to it.
+DROPIT_ALWAYS_INLINE void count_cut_kernel(const std::uint32_t* keys, std::int64_t n,
+                                           std::uint32_t cut, std::int64_t* above,
+                                           std::int64_t* equal) {
+  std::int64_t greater = 0, same = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    greater += keys[i] > cut;
+    same += keys[i] == cut;
+  }
+  *above = greater;
+  *equal = same;
+}
+DROPIT_CPU_DISPATCH(count_cut)
+
+/// The histograms of all ranges, summed on the fly (choose_bin reads a few bins only).
+struct summed_histogram {
+  const radix_histogram* histograms;
+  std::int64_t ranges;
+  std::size_t top = 0;
+  std::int64_t operator[](std::size_t bin) const {
+    std::int64_t total = 0;
+    for (std::int64_t r = 0; r < ranges; ++r) total += histograms[r][bin];
+    return total;
+  }
+};
+
+/// Compress of a layout's only chunk by every thread: each range of the chunk is keyed and
+/// counted, then its candidates gathered, and after the cut is known each range emits its kept
+/// elements at the slot the ranges before it leave, taking the ties the ranges before it left (so
+/// ties still go to the lower index). `keys` holds 2 x the chunk's length.
+template <storage_type T>
+void compress_shared_chunk(const cpu_backend& backend, const cache_layout& layout, const T* input,
+                           const cache_view<T>& out, std::uint32_t* keys,
+                           const shared_chunk_scratch& scratch) {
+  const std::int64_t n = layout.chunk_length(0), k = layout.kept_in_chunk(0);
+  const std::int64_t ranges = scratch.ranges;
+  const std::int64_t span = ((n + ranges - 1) / ranges + 31) / 32 * 32;  // whole mask words
+  const auto first_of = [&](std::int64_t r) { return std::min(n, r * span); };
+  std::int64_t* counts = scratch.counts;
+
+  parallel_for(backend, ranges, [&](std::int64_t r, int) {
+    key_range(layout, input, first_of(r), first_of(r + 1), keys, scratch.histograms + r);
+  });
+  threshold cut{0, n};  // every key is >= 0: keep all
+  if (k < n) {
+    summed_histogram histogram{scratch.histograms, ranges};
+    for (std::int64_t r = 0; r < ranges; ++r)
+      histogram.top = std::max(histogram.top, scratch.histograms[r].top);
+    const bin_choice choice = choose_bin(histogram, k);
+    // Each range's candidates go after those of the ranges before it.
+    std::uint32_t* candidates = keys + n;
+    std::int64_t total = 0;
+    for (std::int64_t r = 0; r < ranges; ++r) {
+      counts[4 * r] = total;
+      total += scratch.histograms[r][choice.bin];
+    }
+    parallel_for(backend, ranges, [&](std::int64_t r, int) {
+      collect_bin(keys + first_of(r), first_of(r + 1) - first_of(r), choice.bin,
+                  candidates + counts[4 * r]);
+    });
+    cut = narrow_candidates(candidates, total, k - choice.above);
+  }
+  parallel_for(backend, ranges, [&](std::int64_t r, int) {
+    count_cut(keys + first_of(r), first_of(r + 1) - first_of(r), cut.key, &counts[4 * r],
+              &counts[4 * r + 1]);
+  });
+  std::int64_t ties_left = cut.ties, stored = 0;
+  for (std::int64_t r = 0; r < ranges; ++r) {
+    counts[4 * r + 2] = std::min(counts[4 * r + 1], ties_left);
+    ties_left -= counts[4 * r + 2];
+    counts[4 * r + 3] = stored;
+    stored += counts[4 * r] + counts[4 * r + 2];
+  }
+  parallel_for(backend, ranges, [&](std::int64_t r, int) {
+    const std::int64_t first = first_of(r);
+    emit_kept(layout, input, std::int64_t{0}, first, first_of(r + 1) - first, keys + first,
+              threshold{cut.key, counts[4 * r + 2]}, out, counts[4 * r + 3]);
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Whole-cache walks.
 
 /// The kept value at flat `position` as backward uses it: in float, times n/k when the layout
@@ -258,7 +395,8 @@ float scaled_value(const cache_layout& layout, T value, std::int64_t position) {
 struct read_scratch {
   std::uint32_t* keys = nullptr;  // element: threads * element_scratch_keys
   std::int64_t keys_per_thread = 0;
-  double* scores = nullptr;  // channel: see add_channel_scratch
+  shared_chunk_scratch shared;  // compress of one long chunk (selects_shared_chunk)
+  double* scores = nullptr;     // channel: see add_channel_scratch
   std::uint32_t* order = nullptr;
   std::uint32_t* channel_list = nullptr;
 };
@@ -276,6 +414,8 @@ inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend
         1, std::min<std::int64_t>(backend.thread_count(), layout.chunk_count()));
     scratch.keys_per_thread = element_scratch_keys(layout);
     scratch.keys = carver.add<std::uint32_t>(threads, scratch.keys_per_thread);
+    if (needs_input_selection && selects_shared_chunk(backend, layout))
+      scratch.shared = add_shared_chunk_scratch(carver, backend);
   }
   return scratch;
 }
@@ -339,6 +479,10 @@ void compress(const cpu_backend& backend, const T* input, const cache_view<T>& o
         std::copy_n(input + (o * layout.channels + list[j]) * inner, inner,
                     out.values + (o * kept + j) * inner);
     });
+    return;
+  }
+  if (selects_shared_chunk(backend, layout)) {
+    compress_shared_chunk(backend, layout, input, out, scratch.keys, scratch.shared);
     return;
   }
   for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {

@@ -51,32 +51,28 @@ struct radix_histogram {
 /// 2 x 2048 bins costs about a microsecond, what ordering about a hundred keys costs.
 inline constexpr std::int64_t small_select = 128;
 
-/// The cut that keeps exactly `k` of `keys[0, n)`. `scratch` holds `select_scratch_keys(n)` keys.
-inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std::int64_t k,
-                                  std::uint32_t* scratch) {
-  if (k <= 0) return {0xffffffffu, 0};
-  if (k >= n) return {0, n};  // every key is >= 0: keep all
-  if (n <= small_select) {
-    std::copy_n(keys, n, scratch);
-    std::nth_element(scratch, scratch + (k - 1), scratch + n, std::greater<std::uint32_t>());
-    const std::uint32_t cut = scratch[k - 1];
-    std::int64_t strictly_above = 0;  // scratch[0, k-1) holds every key above the cut
-    for (std::int64_t j = 0; j < k - 1; ++j) strictly_above += scratch[j] > cut;
-    return {cut, k - strictly_above};
-  }
-  // Counted in a pass of its own: the key loops of the callers vectorise, the counting cannot.
-  const radix_histogram histogram(keys, n);
+/// The bin of a histogram (anything with `operator[](bin)` and `top`) that holds the k-th largest
+/// key, and how many keys lie in the bins above it.
+struct bin_choice {
+  std::uint32_t bin = 0;
+  std::int64_t above = 0;
+};
 
-  std::int64_t above = 0;  // keys in bins above the one holding the k-th largest
+template <class Histogram>
+bin_choice choose_bin(const Histogram& histogram, std::int64_t k) {
+  std::int64_t above = 0;
   std::size_t bin = histogram.top;
   for (;; --bin) {
     if (above + histogram[bin] >= k) break;
     above += histogram[bin];
   }
+  return {static_cast<std::uint32_t>(bin), above};
+}
 
-  // Only the bin's keys remain candidates (a few percent for real activations). Narrow them down
-  // by further radix passes over the lower bits, so the final ordering only sees a handful.
-  std::int64_t candidates = 0;
+/// Appends to `out` the keys of `keys[0, n)` in radix bin `bin`, in index order; returns how many.
+inline std::int64_t collect_bin(const std::uint32_t* keys, std::int64_t n, std::uint32_t bin,
+                                std::uint32_t* out) {
+  std::int64_t count = 0;
   for (std::int64_t word = 0; word * 32 < n; ++word) {
     // A 32-bit match mask per word vectorises; only the matches are then visited.
     const std::uint32_t* word_keys = keys + word * 32;
@@ -85,30 +81,54 @@ inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std
     for (int j = 0; j < length; ++j)
       matches |= static_cast<std::uint32_t>((word_keys[j] >> select_radix_shift) == bin) << j;
     for (; matches != 0; matches &= matches - 1)
-      scratch[candidates++] = word_keys[std::countr_zero(matches)];
+      out[count++] = word_keys[std::countr_zero(matches)];
   }
-  std::int64_t needed = k - above;  // in [1, candidates]
-  for (int shift = select_radix_shift; shift > 0 && candidates > 64;) {
+  return count;
+}
+
+/// The cut keeping the `needed` largest of `candidates[0, count)` (reordered in place), where every
+/// key equal to the cut is among the candidates and all candidates agree on the bits above
+/// `shift`. `needed` is in [1, count].
+inline threshold narrow_candidates(std::uint32_t* candidates, std::int64_t count,
+                                   std::int64_t needed, int shift = select_radix_shift) {
+  // Further radix passes over the lower bits, so the final ordering only sees a handful.
+  while (shift > 0 && count > 64) {
     const int bits = std::min(shift, 8);
     shift -= bits;
     const std::uint32_t digit_mask = (1u << bits) - 1;
     std::array<std::int64_t, 256> sub_histogram{};
-    for (std::int64_t j = 0; j < candidates; ++j)
-      ++sub_histogram[(scratch[j] >> shift) & digit_mask];
+    for (std::int64_t j = 0; j < count; ++j) ++sub_histogram[(candidates[j] >> shift) & digit_mask];
     std::uint32_t digit = digit_mask;
     while (sub_histogram[digit] < needed) needed -= sub_histogram[digit--];
     std::int64_t kept = 0;
-    for (std::int64_t j = 0; j < candidates; ++j)
-      if (((scratch[j] >> shift) & digit_mask) == digit) scratch[kept++] = scratch[j];
-    candidates = kept;
+    for (std::int64_t j = 0; j < count; ++j)
+      if (((candidates[j] >> shift) & digit_mask) == digit) candidates[kept++] = candidates[j];
+    count = kept;
   }
-  std::nth_element(scratch, scratch + (needed - 1), scratch + candidates,
+  std::nth_element(candidates, candidates + (needed - 1), candidates + count,
                    std::greater<std::uint32_t>());
-  const std::uint32_t cut = scratch[needed - 1];
-  // scratch[0, needed-1) are >= cut and hold every remaining candidate above it.
+  const std::uint32_t cut = candidates[needed - 1];
+  // candidates[0, needed-1) are >= cut and hold every remaining candidate above it.
   std::int64_t strictly_above = 0;
-  for (std::int64_t j = 0; j < needed - 1; ++j) strictly_above += scratch[j] > cut;
+  for (std::int64_t j = 0; j < needed - 1; ++j) strictly_above += candidates[j] > cut;
   return {cut, needed - strictly_above};
+}
+
+/// The cut that keeps exactly `k` of `keys[0, n)`. `scratch` holds `select_scratch_keys(n)` keys.
+inline threshold select_threshold(const std::uint32_t* keys, std::int64_t n, std::int64_t k,
+                                  std::uint32_t* scratch) {
+  if (k <= 0) return {0xffffffffu, 0};
+  if (k >= n) return {0, n};  // every key is >= 0: keep all
+  if (n <= small_select) {    // no radix pass: order a copy of them all
+    std::copy_n(keys, n, scratch);
+    return narrow_candidates(scratch, n, k, 0);
+  }
+  // Counted in a pass of its own: the key loops of the callers vectorise, the counting cannot.
+  const radix_histogram histogram(keys, n);
+  const bin_choice choice = choose_bin(histogram, k);
+  // Only the bin's keys remain candidates (a few percent for real activations).
+  const std::int64_t candidates = collect_bin(keys, n, choice.bin, scratch);
+  return narrow_candidates(scratch, candidates, k - choice.above);
 }
 
 /// Calls `visit(word, bits)` for each 32-key word of `keys[0, n)`, where bit j of `bits` says
