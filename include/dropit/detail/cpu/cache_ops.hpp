@@ -274,11 +274,19 @@ inline bool selects_shared_chunk(const cpu_backend& backend, const cache_layout&
          backend.thread_count() > 1;
 }
 
-/// Scratch of the shared selection: a histogram and (above, equal) counts per range of the chunk.
+/// What the shared selection tracks of each range of the chunk.
+struct shared_range {
+  std::int64_t candidates_before = 0;  // candidates of the ranges before, in the bin of the cut
+  std::int64_t above = 0, equal = 0;   // keys above the cut and equal to it
+  std::int64_t ties = 0;               // keys equal to the cut that this range keeps
+  std::int64_t values_before = 0;      // kept values of the ranges before
+};
+
+/// Scratch of the shared selection: a histogram and the counts of each range of the chunk.
 struct shared_chunk_scratch {
   std::int64_t ranges = 0;
   radix_histogram* histograms = nullptr;
-  std::int64_t* counts = nullptr;  // [ranges][4]: above, equal, kept ties, values before
+  shared_range* counts = nullptr;
 };
 
 inline shared_chunk_scratch add_shared_chunk_scratch(workspace_carver& carver,
@@ -286,7 +294,7 @@ inline shared_chunk_scratch add_shared_chunk_scratch(workspace_carver& carver,
   shared_chunk_scratch scratch;
   scratch.ranges = 4 * std::int64_t{backend.thread_count()};  // a few per thread, for balance
   scratch.histograms = carver.add<radix_histogram>(scratch.ranges);
-  scratch.counts = carver.add<std::int64_t>(scratch.ranges, 4);
+  scratch.counts = carver.add<shared_range>(scratch.ranges);
   return scratch;
 }
 
@@ -337,7 +345,7 @@ void compress_shared_chunk(const cpu_backend& backend, const cache_layout& layou
   const std::int64_t ranges = scratch.ranges;
   const std::int64_t span = ((n + ranges - 1) / ranges + 31) / 32 * 32;  // whole mask words
   const auto first_of = [&](std::int64_t r) { return std::min(n, r * span); };
-  std::int64_t* counts = scratch.counts;
+  shared_range* counts = scratch.counts;
 
   parallel_for(backend, ranges, [&](std::int64_t r, int) {
     key_range(layout, input, first_of(r), first_of(r + 1), keys, scratch.histograms + r);
@@ -352,30 +360,30 @@ void compress_shared_chunk(const cpu_backend& backend, const cache_layout& layou
     std::uint32_t* candidates = keys + n;
     std::int64_t total = 0;
     for (std::int64_t r = 0; r < ranges; ++r) {
-      counts[4 * r] = total;
+      counts[r].candidates_before = total;
       total += scratch.histograms[r][choice.bin];
     }
     parallel_for(backend, ranges, [&](std::int64_t r, int) {
       collect_bin(keys + first_of(r), first_of(r + 1) - first_of(r), choice.bin,
-                  candidates + counts[4 * r]);
+                  candidates + counts[r].candidates_before);
     });
     cut = narrow_candidates(candidates, total, k - choice.above);
   }
   parallel_for(backend, ranges, [&](std::int64_t r, int) {
-    count_cut(keys + first_of(r), first_of(r + 1) - first_of(r), cut.key, &counts[4 * r],
-              &counts[4 * r + 1]);
+    count_cut(keys + first_of(r), first_of(r + 1) - first_of(r), cut.key, &counts[r].above,
+              &counts[r].equal);
   });
   std::int64_t ties_left = cut.ties, stored = 0;
   for (std::int64_t r = 0; r < ranges; ++r) {
-    counts[4 * r + 2] = std::min(counts[4 * r + 1], ties_left);
-    ties_left -= counts[4 * r + 2];
-    counts[4 * r + 3] = stored;
-    stored += counts[4 * r] + counts[4 * r + 2];
+    counts[r].ties = std::min(counts[r].equal, ties_left);
+    ties_left -= counts[r].ties;
+    counts[r].values_before = stored;
+    stored += counts[r].above + counts[r].ties;
   }
   parallel_for(backend, ranges, [&](std::int64_t r, int) {
     const std::int64_t first = first_of(r);
     emit_kept(layout, input, std::int64_t{0}, first, first_of(r + 1) - first, keys + first,
-              threshold{cut.key, counts[4 * r + 2]}, out, counts[4 * r + 3]);
+              threshold{cut.key, counts[r].ties}, out, counts[r].values_before);
   });
 }
 

@@ -1,6 +1,6 @@
 #pragma once
-// Plumbing of the CUDA backend: the kernel attribute, launch shapes, the device-side
-// view of a cache layout and the value conversions densify shares with the CPU backend.
+// Plumbing of the CUDA backend: the kernel attribute, launch shapes and the value conversions
+// densify shares with the CPU backend.
 
 #include <cuda_runtime.h>
 

@@ -241,6 +241,11 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
   __shared__ std::uint32_t word_first[mask_words_per_block];  // set bits before the word
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
   const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
+  // What the per-element loop needs of the layout, read once: its accessors recompute numel()
+  // and divide on every call.
+  const std::int64_t words_per_chunk = layout.mask_words_per_chunk();
+  const std::int64_t full_chunks = layout.full_chunk_count(), tail = layout.tail_size();
+  const float full_scale = layout.value_scale(0), tail_scale = layout.value_scale(full_chunks);
   for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const std::int64_t first_word = b * mask_words_per_block;
     const std::int64_t w = first_word + threadIdx.x;
@@ -254,17 +259,18 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
     for (std::int64_t j = warp; j < mask_words_per_block; j += block_threads / 32) {
       const std::int64_t word = first_word + j;
       if (word >= word_count) break;  // uniform across the warp
-      const std::int64_t chunk = word / layout.mask_words_per_chunk();
-      const std::int64_t position = (word % layout.mask_words_per_chunk()) * 32 + lane;
-      if (position >= layout.chunk_length(chunk)) continue;
+      const std::int64_t chunk = word / words_per_chunk;
+      const bool in_tail = chunk == full_chunks;
+      const std::int64_t position = (word - chunk * words_per_chunk) * 32 + lane;
+      if (position >= (in_tail ? tail : layout.chunk_size)) continue;
       const std::uint32_t word_value = word_bits[j];
       Out result{};
       if ((word_value >> lane) & 1u) {
         const std::uint64_t index =
             block_first + word_first[j] + __popc(word_value & ((1u << lane) - 1u));
-        result = densified<Out>(values[index], layout.rescale, layout.value_scale(chunk));
+        result = densified<Out>(values[index], layout.rescale, in_tail ? tail_scale : full_scale);
       }
-      out[layout.chunk_begin(chunk) + position] = result;
+      out[chunk * layout.chunk_size + position] = result;
     }
     __syncthreads();  // before word_bits, word_first and the scan storage are reused
   }
@@ -275,14 +281,16 @@ template <class T, class Out, class Offset>
 DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept, const T* values,
                                           const Offset* offsets, Out* out) {
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  // Read once, not per element (see mask_densify_kernel).
   const std::int64_t full_chunks = layout.full_chunk_count();
+  const float full_scale = layout.value_scale(0), tail_scale = layout.value_scale(full_chunks);
   for (std::int64_t j = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; j < kept;
        j += stride) {
     // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's.
     std::int64_t chunk = j / layout.kept_per_chunk;
     if (chunk > full_chunks) chunk = full_chunks;
-    out[layout.chunk_begin(chunk) + offsets[j]] =
-        densified<Out>(values[j], layout.rescale, layout.value_scale(chunk));
+    out[chunk * layout.chunk_size + offsets[j]] =
+        densified<Out>(values[j], layout.rescale, chunk == full_chunks ? tail_scale : full_scale);
   }
 }
 
@@ -362,6 +370,7 @@ DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::int32_
                                           const T* values, Out* out) {
   const std::int64_t count = layout.outer * layout.channels * layout.inner;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  const float scale = layout.value_scale(0);  // read once, not per element
   for (std::int64_t e = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; e < count;
        e += stride) {
     const std::int64_t r = e % layout.inner, row = e / layout.inner;
@@ -369,7 +378,7 @@ DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::int32_
     const std::int32_t j = slot_of[c];
     out[e] = j < 0 ? Out{}
                    : densified<Out>(values[(o * layout.kept_channels + j) * layout.inner + r],
-                                    layout.rescale, layout.value_scale(0));
+                                    layout.rescale, scale);
   }
 }
 
