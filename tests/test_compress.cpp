@@ -109,6 +109,43 @@ TEST_CASE_TEMPLATE("chunked min-k with the largest chunk, D = 65536", T, float, 
   }
 }
 
+TEST_CASE_TEMPLATE("chunked min-k on inputs that mislead the sampled bracket", T, float, half,
+                   bfloat16) {
+  // From 4096 keys, selection brackets the cut from every 16th key, then counts and gathers the
+  // rest in one pass; where the sample lies, it must fall back to counting every key. Inputs
+  // whose sampled positions hold the smallest or the largest values, a ramp, one tie across the
+  // chunk and blocks of very different scale, with a tail that is not a whole mask word.
+  for (std::int64_t d : {4096, 16384}) {
+    const std::int64_t n = 2 * d + 1000 + 5;
+    const auto noise = test::nasty_values<T>(n, 31);
+    std::vector<std::vector<T>> inputs;
+    for (double sampled : {0.5, 64.0}) {  // below or above everything else
+      std::vector<T> x(n);
+      for (std::int64_t i = 0; i < n; ++i)
+        x[i] = test::make<T>(i % 16 == 0 ? sampled : 1.0 + static_cast<double>(i % 61) / 64.0);
+      inputs.push_back(x);
+    }
+    std::vector<T> ramp(n), scales(n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ramp[i] = test::make<T>(static_cast<double>(i % 1999) / 16.0);
+      scales[i] = test::make<T>(std::ldexp(1.0 + static_cast<double>(i % 7) / 8.0,
+                                           static_cast<int>(i / 1024 % 9) * 3 - 12));
+    }
+    inputs.push_back(ramp);
+    inputs.push_back(scales);
+    inputs.push_back(std::vector<T>(n, test::make<T>(3.0)));
+    inputs.push_back(noise);
+    for (std::size_t input = 0; input < inputs.size(); ++input)
+      for (const ref::rate& r : some_rates) {
+        CAPTURE(d);
+        CAPTURE(input);
+        CAPTURE(r.gamma);
+        check_keeps(inputs[input], {n}, policy<chunked_min_k_selection>{{r.gamma, d}},
+                    ref::chunked_min_k_mask(inputs[input], d, r));
+      }
+  }
+}
+
 TEST_CASE("chunked min-k with D = 1 keeps every element") {
   const auto x = test::nasty_values<float>(1000, 3);
   check_keeps(x, {10, 100}, policy<chunked_min_k_selection>{{0.99, 1}},

@@ -91,37 +91,44 @@ void emit_kept_kernel(const cache_layout& layout, const T* input, std::int64_t c
                       threshold cut, const cache_view<T>& out, std::int64_t stored_before) {
   const T* data = input + layout.chunk_begin(chunk) + first;
   T* values = out.values + layout.values_begin(chunk) + stored_before;
+  // Kept indices come a block at a time; the loops over them have fixed trip counts.
+  const auto no_words = [](std::int64_t, std::uint32_t) {};
   std::int64_t stored = 0;
+  const auto store_values = [&](std::int64_t block_first, const std::uint32_t* indices,
+                                std::int64_t count) {
+    const T* block = data + block_first;
+    for (std::int64_t j = 0; j < count; ++j) values[stored + j] = block[indices[j]];
+    stored += count;
+  };
   switch (layout.encoding) {
     case position_encoding::bitmask: {
       auto* words =
           static_cast<std::uint32_t*>(out.positions) + layout.mask_word_begin(chunk) + first / 32;
-      for_each_selected_word(keys, length, cut, [&](std::int64_t word, std::uint32_t bits) {
-        words[word] = bits;
-        for (; bits != 0; bits &= bits - 1)
-          values[stored++] = data[word * 32 + std::countr_zero(bits)];
-      });
+      for_each_selected_block(
+          keys, length, cut, [&](std::int64_t word, std::uint32_t bits) { words[word] = bits; },
+          store_values);
       break;
     }
-    case position_encoding::offsets:
-      if (layout.offset_bytes == 2) {
-        auto* offsets =
-            static_cast<std::uint16_t*>(out.positions) + layout.values_begin(chunk) + stored_before;
-        for_each_selected(keys, length, cut, [&](std::int64_t i) {
-          offsets[stored] = static_cast<std::uint16_t>(first + i);
-          values[stored++] = data[i];
-        });
-      } else {
-        auto* offsets =
-            static_cast<std::uint32_t*>(out.positions) + layout.values_begin(chunk) + stored_before;
-        for_each_selected(keys, length, cut, [&](std::int64_t i) {
-          offsets[stored] = static_cast<std::uint32_t>(first + i);
-          values[stored++] = data[i];
-        });
-      }
+    case position_encoding::offsets: {
+      const auto store_offsets = [&]<class Offset>(Offset* offsets) {
+        offsets += layout.values_begin(chunk) + stored_before;
+        for_each_selected_block(keys, length, cut, no_words,
+                                [&](std::int64_t block_first, const std::uint32_t* indices,
+                                    std::int64_t count) {
+                                  const std::int64_t base = first + block_first;
+                                  for (std::int64_t j = 0; j < count; ++j)
+                                    offsets[stored + j] = static_cast<Offset>(base + indices[j]);
+                                  store_values(block_first, indices, count);
+                                });
+      };
+      if (layout.offset_bytes == 2)
+        store_offsets(static_cast<std::uint16_t*>(out.positions));
+      else
+        store_offsets(static_cast<std::uint32_t*>(out.positions));
       break;
+    }
     default:  // seeded: values only
-      for_each_selected(keys, length, cut, [&](std::int64_t i) { values[stored++] = data[i]; });
+      for_each_selected_block(keys, length, cut, no_words, store_values);
   }
 }
 DROPIT_CPU_DISPATCH(emit_kept)
