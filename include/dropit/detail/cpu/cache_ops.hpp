@@ -328,6 +328,14 @@ DROPIT_ALWAYS_INLINE void count_cut_kernel(const std::uint32_t* keys, std::int64
 }
 DROPIT_CPU_DISPATCH(count_cut)
 
+/// `collect_bin` compiled for the widest instruction set, for the ranges of a shared chunk.
+DROPIT_ALWAYS_INLINE std::int64_t collect_range_bin_kernel(const std::uint32_t* keys,
+                                                           std::int64_t n, std::uint32_t bin,
+                                                           std::uint32_t* out) {
+  return collect_bin(keys, n, bin, out);
+}
+DROPIT_CPU_DISPATCH(collect_range_bin)
+
 /// The histograms of all ranges, summed on the fly (choose_bin reads a few bins only).
 struct summed_histogram {
   const radix_histogram* histograms;
@@ -371,7 +379,7 @@ void compress_shared_chunk(const cpu_backend& backend, const cache_layout& layou
       total += scratch.histograms[r][choice.bin];
     }
     parallel_for(backend, ranges, [&](std::int64_t r, int) {
-      collect_bin(keys + first_of(r), first_of(r + 1) - first_of(r), choice.bin,
+      collect_range_bin(keys + first_of(r), first_of(r + 1) - first_of(r), choice.bin,
                   candidates + counts[r].candidates_before);
     });
     cut = narrow_candidates(candidates, total, k - choice.above);

@@ -140,16 +140,17 @@ struct bracket_count {
   std::int64_t inside = 0;  // keys in it, gathered
 };
 
-/// Counts the keys of `keys[0, n)` above `bracket` and appends those inside it to `out`, in index
-/// order: one pass, branch-free.
+/// Appends the keys of `keys[0, n)` inside `bracket` to `out`, in index order, and counts those
+/// above it unless `count_above` is false: one pass, branch-free.
 inline bracket_count collect_bracket(const std::uint32_t* keys, std::int64_t n,
-                                     key_bracket bracket, std::uint32_t* out) {
+                                     key_bracket bracket, std::uint32_t* out,
+                                     bool count_above = true) {
   bracket_count count;
   for_each_compacted_block(
       n,
       [&](std::int64_t word, int length) {
         const std::uint32_t* word_keys = keys + word * 32;
-        count.above += std::popcount(bits_above(word_keys, length, bracket.upper));
+        if (count_above) count.above += std::popcount(bits_above(word_keys, length, bracket.upper));
         return bits_within(word_keys, length, bracket);
       },
       [&](std::int64_t first, const std::uint32_t* indices, std::int64_t inside) {
@@ -162,7 +163,7 @@ inline bracket_count collect_bracket(const std::uint32_t* keys, std::int64_t n,
 /// Appends to `out` the keys of `keys[0, n)` in radix bin `bin`, in index order; returns how many.
 inline std::int64_t collect_bin(const std::uint32_t* keys, std::int64_t n, std::uint32_t bin,
                                 std::uint32_t* out) {
-  return collect_bracket(keys, n, bin_bracket(bin), out).inside;
+  return collect_bracket(keys, n, bin_bracket(bin), out, false).inside;
 }
 
 /// The cut keeping the `needed` largest of `candidates[0, count)` (reordered in place), where every
