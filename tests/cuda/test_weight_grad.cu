@@ -89,6 +89,17 @@ std::vector<ref::conv_shape> conv_grid() {
             g.groups = groups;
             if (g.out_h() > 0 && g.out_w() > 0) grid.push_back(g);
           }
+  // The cuBLAS path sums blocks of samples: five samples in blocks of three and two, and none.
+  for (std::int64_t batch : {5, 0})
+    grid.push_back({.batch = batch,
+                    .in_channels = 8,
+                    .height = 9,
+                    .width = 7,
+                    .out_channels = 24,
+                    .kernel_h = 1,
+                    .kernel_w = 1,
+                    .stride_h = 2,
+                    .stride_w = 2});
   return grid;
 }
 
@@ -158,6 +169,21 @@ TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum over densify(cache)", 
         check_conv<T>(p, g, seed += 3);
       });
     }
+}
+
+TEST_CASE("cuda: conv2d dW sums im2col blocks no larger than the dense input") {
+  // The grid's five-sample case: per sample, 20 output pixels x (8 input rows + 24 dZ rows) = 640
+  // block elements against 504 input elements, so 3 samples fit in the input's 2520.
+  dropit::detail::conv2d_geometry g{};
+  g.batch = 5, g.in_channels = 8, g.height = 9, g.width = 7;
+  g.out_channels = 24, g.out_height = 5, g.out_width = 4;
+  g.kernel_h = g.kernel_w = 1, g.stride_h = g.stride_w = 2, g.dilation_h = g.dilation_w = 1;
+  g.groups = 1;
+  CHECK(dropit::detail::cuda::conv2d_block_samples(g) == 3);
+  g.batch = 1;  // one sample even when its block is larger than the input
+  CHECK(dropit::detail::cuda::conv2d_block_samples(g) == 1);
+  g.batch = 0;
+  CHECK(dropit::detail::cuda::conv2d_block_samples(g) == 1);
 }
 
 TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value") {

@@ -67,8 +67,9 @@ void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
 template <storage_type T>
 std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(const cuda_backend&,
                                                                           const cache_layout& x,
-                                                                          const conv2d_geometry&) {
-  return workspace_bytes_of([&](workspace_carver& carver) { cuda::add_conv2d_scratch(carver, x); });
+                                                                          const conv2d_geometry& g) {
+  return workspace_bytes_of(
+      [&](workspace_carver& carver) { cuda::add_conv2d_scratch<T>(carver, x, g); });
 }
 
 template <storage_type T>
@@ -78,7 +79,7 @@ void backend_ops<cuda_backend>::conv2d_weight_grad(const cuda_backend& backend,
                                                    workspace memory) {
   cuda::expect_no_pending_error("conv2d_weight_grad");
   workspace_carver carver(memory);
-  const auto scratch = cuda::add_conv2d_scratch(carver, x.layout);
+  const auto scratch = cuda::add_conv2d_scratch<T>(carver, x.layout, g);
   cuda::conv2d_weight_grad<T>(backend.stream, x, dz, dw, g, mode, scratch);
 }
 

@@ -24,7 +24,10 @@
 //   keys ordered like the CPU backend's ranking (NaN highest).
 // - channel_gather / channel_map / channel_densify: copies of kept channels in and out.
 // - linear_weight_grad: a 16x16-tiled dW = dZ^T A over the densified float A.
-// - conv2d_weight_grad: one block per dW element, a block reduction over (n, oh, ow).
+// - conv2d_weight_grad: one block per dW element, a block reduction over (n, oh, ow) (for 16-bit
+//   caches with n/k rescaling only).
+// - conv2d_columns / conv2d_dz_rows / store_gradient: the im2col block of a range of samples and
+//   their dZ rows, the operands of the cuBLAS conv2d weight gradient; its float sum stored into dW.
 // - pack_relu_mask / apply_relu_mask: one warp vote per mask word; one thread per element.
 
 #include <cub/block/block_reduce.cuh>
@@ -446,6 +449,49 @@ DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, 
     if (threadIdx.x == 0) store_gradient(dw[w], total, mode);
     __syncthreads();  // before the reduction storage is reused
   }
+}
+
+/// The im2col block of samples [first, first + samples) of the dense input `x`: row
+/// (c * KH + kh) * KW + kw, column s * P + p (P = H_out * W_out) holds the input element that tap
+/// (kh, kw) of output pixel p of sample first + s reads in channel c, or zero in the padding.
+template <class T>
+DROPIT_KERNEL void conv2d_columns_kernel(conv2d_geometry g, const T* x, std::int64_t first,
+                                         std::int64_t samples, T* columns) {
+  const std::int64_t taps = g.kernel_h * g.kernel_w, pixels = g.out_height * g.out_width;
+  const std::int64_t total = g.in_channels * taps * samples * pixels;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < total;
+       i += stride) {
+    const std::int64_t pixel = i % pixels, s = i / pixels % samples, row = i / (pixels * samples);
+    const std::int64_t c = row / taps, tap = row % taps;
+    const std::int64_t oh = pixel / g.out_width, ow = pixel % g.out_width;
+    const std::int64_t ih = oh * g.stride_h - g.pad_h + tap / g.kernel_w * g.dilation_h;
+    const std::int64_t iw = ow * g.stride_w - g.pad_w + tap % g.kernel_w * g.dilation_w;
+    const bool inside = ih >= 0 && ih < g.height && iw >= 0 && iw < g.width;
+    columns[i] = inside ? x[(((first + s) * g.in_channels + c) * g.height + ih) * g.width + iw] : T{};
+  }
+}
+
+/// dZ of samples [first, first + samples) as rows per output channel: row co, column s * P + p.
+template <class T>
+DROPIT_KERNEL void conv2d_dz_rows_kernel(conv2d_geometry g, const T* dz, std::int64_t first,
+                                         std::int64_t samples, T* rows) {
+  const std::int64_t pixels = g.out_height * g.out_width;
+  const std::int64_t total = g.out_channels * samples * pixels;
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < total;
+       i += stride) {
+    const std::int64_t pixel = i % pixels, s = i / pixels % samples, co = i / (pixels * samples);
+    rows[i] = dz[((first + s) * g.out_channels + co) * pixels + pixel];
+  }
+}
+
+/// `out` (=, +=) the float gradient `sum`, rounded once.
+template <class T>
+DROPIT_KERNEL void store_gradient_kernel(const float* sum, T* out, std::int64_t n, grad_mode mode) {
+  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
+  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < n; i += stride)
+    store_gradient(out[i], sum[i], mode);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -4,9 +4,14 @@
 //   accumulation). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
 //   unrounded product n/k * value (as the CPU backend does), which a 16-bit densify would round, so
 //   it densifies into float and runs the 16x16-tiled kernel of kernels.cuh.
-// - conv2d: densify into float, then one block per dW element (first version; cuDNN's backward
-//   filter is what the LibTorch adapters use on the GPU).
+// - conv2d: densify into the input's own type, then im2col + cuBLAS over blocks of samples: each
+//   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
+//   into a float dW, stored into dW once at the end (rounded once, as on the CPU). Blocks hold as
+//   many samples as fit in the size of the dense input, so the transient workspace stays within
+//   twice the dense activation (plus one sample's block when a single sample is larger). 16-bit
+//   caches with rescaling densify into float and keep the direct kernel, as linear does.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -46,10 +51,50 @@ gradient_scratch add_linear_scratch(workspace_carver& carver, const cache_layout
   return s;
 }
 
-inline gradient_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& layout) {
-  gradient_scratch s;
-  s.dense = carver.add<float>(static_cast<std::size_t>(layout.numel()));
-  s.reading = add_densify_scratch(carver, layout);
+/// Samples per im2col block of the cuBLAS conv2d weight gradient: as many as keep the block's
+/// columns and dZ rows within the element count of the dense input, and at least one.
+inline std::int64_t conv2d_block_samples(const conv2d_geometry& g) {
+  const std::int64_t pixels = checked_mul(g.out_height, g.out_width, "conv2d output pixels");
+  const std::int64_t rows = checked_add(
+      checked_mul(g.in_channels, g.kernel_h * g.kernel_w, "conv2d im2col rows"), g.out_channels,
+      "conv2d im2col rows");
+  const std::int64_t per_sample = checked_mul(pixels, rows, "conv2d im2col block");
+  const std::int64_t input = g.batch * g.in_channels * g.height * g.width;
+  return std::clamp<std::int64_t>(per_sample == 0 ? g.batch : input / per_sample, 1,
+                                  std::max<std::int64_t>(g.batch, 1));
+}
+
+struct conv2d_scratch {
+  gradient_scratch gradient;
+  void* columns = nullptr;    // [C_in * KH * KW, samples * P] of T
+  void* dz_rows = nullptr;    // [C_out, samples * P] of T
+  float* dw_sum = nullptr;    // [numel of dW]
+  std::int64_t block_samples = 0;
+};
+
+template <storage_type T>
+bool conv2d_uses_cublas(const cache_layout& layout) {
+  return linear_uses_cublas<T>(layout);
+}
+
+template <storage_type T>
+conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& layout,
+                                  const conv2d_geometry& g) {
+  conv2d_scratch s;
+  const auto n = static_cast<std::size_t>(layout.numel());
+  if (!conv2d_uses_cublas<T>(layout)) {
+    s.gradient.dense = carver.add<float>(n);
+    s.gradient.reading = add_densify_scratch(carver, layout);
+    return s;
+  }
+  s.block_samples = conv2d_block_samples(g);
+  const std::int64_t block_pixels = s.block_samples * g.out_height * g.out_width;
+  s.gradient.dense = carver.add<T>(n);
+  s.gradient.reading = add_densify_scratch(carver, layout);
+  s.gradient.cublas_workspace = add_cublas_workspace(carver);
+  s.columns = carver.add<T>(g.in_channels * g.kernel_h * g.kernel_w, block_pixels);
+  s.dz_rows = carver.add<T>(g.out_channels, block_pixels);
+  s.dw_sum = carver.add<float>(g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w);
   return s;
 }
 
@@ -74,15 +119,42 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
 
 template <storage_type T>
 void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const T* dz, T* dw,
-                        const conv2d_geometry& g, grad_mode mode, const gradient_scratch& scratch) {
-  const std::int64_t outputs =
-      g.out_channels * (g.in_channels / g.groups) * g.kernel_h * g.kernel_w;
+                        const conv2d_geometry& g, grad_mode mode, const conv2d_scratch& scratch) {
+  const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
   if (outputs == 0) return;
-  float* dense = static_cast<float*>(scratch.dense);
-  densify<T, float>(stream, x, dense, scratch.reading);
-  conv2d_weight_grad_kernel<T>
-      <<<grid_for(outputs, 1), block_threads, 0, stream>>>(g, dense, dz, dw, mode);
-  check_launch("dropit conv2d_weight_grad_kernel");
+  if (!conv2d_uses_cublas<T>(x.layout)) {
+    float* dense = static_cast<float*>(scratch.gradient.dense);
+    densify<T, float>(stream, x, dense, scratch.gradient.reading);
+    conv2d_weight_grad_kernel<T>
+        <<<grid_for(outputs, 1), block_threads, 0, stream>>>(g, dense, dz, dw, mode);
+    check_launch("dropit conv2d_weight_grad_kernel");
+    return;
+  }
+  T* dense = static_cast<T*>(scratch.gradient.dense);
+  T* columns = static_cast<T*>(scratch.columns);
+  T* dz_rows = static_cast<T*>(scratch.dz_rows);
+  densify<T, T>(stream, x, dense, scratch.gradient.reading);
+  const std::int64_t pixels = g.out_height * g.out_width;
+  if (g.batch == 0 || pixels == 0)  // nothing to sum: dW = 0 (or unchanged)
+    check(cudaMemsetAsync(scratch.dw_sum, 0, static_cast<std::size_t>(outputs) * sizeof(float),
+                          stream),
+          "conv2d_weight_grad");
+  for (std::int64_t first = 0; first < g.batch && pixels > 0; first += scratch.block_samples) {
+    const std::int64_t samples = std::min(scratch.block_samples, g.batch - first);
+    const std::int64_t column_items =
+        g.in_channels * g.kernel_h * g.kernel_w * samples * pixels;
+    conv2d_columns_kernel<T>
+        <<<grid_for(column_items), block_threads, 0, stream>>>(g, dense, first, samples, columns);
+    check_launch("dropit conv2d_columns_kernel");
+    conv2d_dz_rows_kernel<T><<<grid_for(g.out_channels * samples * pixels), block_threads, 0,
+                               stream>>>(g, dz, first, samples, dz_rows);
+    check_launch("dropit conv2d_dz_rows_kernel");
+    gemm_conv2d_weight_grad<T>(stream, columns, dz_rows, scratch.dw_sum, g, samples, first > 0,
+                               scratch.gradient.cublas_workspace);
+  }
+  store_gradient_kernel<T>
+      <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
+  check_launch("dropit store_gradient_kernel");
 }
 
 }  // namespace dropit::detail::cuda
