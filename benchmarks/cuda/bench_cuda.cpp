@@ -9,12 +9,20 @@
 //   (it densifies into its workspace and calls cuBLAS itself), and densify_gemm/...: public densify
 //   then cuBLAS by the caller (the LibTorch adapters' path on a GPU),  vs  gemm/<dtype>/M:m/K:k/N:n: cublasGemmEx on the dense input (float
 //   accumulation; tensor cores for 16-bit types).
+// - conv2d_dw/<policy>/<dtype>/gamma:g/<layer>: the CUDA backend's conv2d weight gradient on the
+//   cache (densify, im2col blocks, cuBLAS), and densify_cudnn/...: public densify then cuDNN by the
+//   caller (the LibTorch adapters' path on a GPU),  vs  cudnn/<dtype>/<layer>: cuDNN's backward
+//   filter on the dense input, as PyTorch configures it by default (tensor-op math, so TF32 for
+//   float; the algorithm cuDNN's heuristics rank first). Built when CMake finds cuDNN.
 // Built by CMake when the CUDA backend is (it links cuBLAS); run by scripts/gpu-check. Without a
 // CUDA device it says so and exits with status 1.
 
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#if DROPIT_BENCH_CUDNN
+#include <cudnn.h>
+#endif
 
 #include <concepts>
 #include <cstdio>
@@ -310,6 +318,165 @@ void register_linear_cases(const linear_shape& s, double gamma) {
   })->UseManualTime()->Unit(benchmark::kMicrosecond);
 }
 
+#if DROPIT_BENCH_CUDNN
+// --- conv2d weight gradient against cuDNN ---------------------------------------------------------
+
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS)
+    throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
+}
+
+cudnnHandle_t cudnn() {
+  static cudnnHandle_t handle = [] {
+    cudnnHandle_t h = nullptr;
+    check(cudnnCreate(&h), "cudnnCreate");
+    check(cudnnSetStream(h, timer().stream()), "cudnnSetStream");
+    return h;
+  }();
+  return handle;
+}
+
+struct conv_shape {
+  int batch, in, out, size, kernel, stride, pad;  // square input and kernel
+  int out_size() const { return (size + 2 * pad - kernel) / stride + 1; }
+  dropit::shape x() const { return {batch, in, size, size}; }
+  dropit::shape dz() const { return {batch, out, out_size(), out_size()}; }
+  dropit::shape dw() const { return {out, in, kernel, kernel}; }
+  dropit::conv2d_params params() const {
+    return {.stride = {stride, stride}, .padding = {pad, pad}, .dilation = {1, 1}, .groups = 1};
+  }
+  std::string name() const {
+    return "N:" + std::to_string(batch) + "/C:" + std::to_string(in) + "x" + std::to_string(out) +
+           "/HW:" + std::to_string(size) + "/k:" + std::to_string(kernel) +
+           "/s:" + std::to_string(stride);
+  }
+};
+
+template <class T>
+constexpr cudnnDataType_t cudnn_type() {
+  return std::same_as<T, float> ? CUDNN_DATA_FLOAT
+         : std::same_as<T, dropit::bfloat16> ? CUDNN_DATA_BFLOAT16
+                                             : CUDNN_DATA_HALF;
+}
+
+/// cuDNN's backward filter for one layer: descriptors, the heuristics' first algorithm and its
+/// workspace.
+template <class T>
+class cudnn_backward_filter {
+ public:
+  explicit cudnn_backward_filter(const conv_shape& s) {
+    check(cudnnCreateTensorDescriptor(&x_), "x descriptor");
+    check(cudnnCreateTensorDescriptor(&dz_), "dz descriptor");
+    check(cudnnCreateFilterDescriptor(&dw_), "dw descriptor");
+    check(cudnnCreateConvolutionDescriptor(&conv_), "conv descriptor");
+    check(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.in, s.size,
+                                     s.size),
+          "x descriptor");
+    check(cudnnSetTensor4dDescriptor(dz_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.out,
+                                     s.out_size(), s.out_size()),
+          "dz descriptor");
+    check(cudnnSetFilter4dDescriptor(dw_, cudnn_type<T>(), CUDNN_TENSOR_NCHW, s.out, s.in, s.kernel,
+                                     s.kernel),
+          "dw descriptor");
+    check(cudnnSetConvolution2dDescriptor(conv_, s.pad, s.pad, s.stride, s.stride, 1, 1,
+                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+          "conv descriptor");
+    check(cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH), "math type");
+    int returned = 0;
+    cudnnConvolutionBwdFilterAlgoPerf_t ranked[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+    check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn(), x_, dz_, conv_, dw_,
+                                                        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                        &returned, ranked),
+          "backward filter heuristics");
+    int first = 0;
+    while (first < returned && ranked[first].status != CUDNN_STATUS_SUCCESS) ++first;
+    if (first == returned) throw std::runtime_error("cuDNN offers no backward filter algorithm");
+    algorithm_ = ranked[first].algo;
+    std::size_t bytes = 0;
+    check(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), x_, dz_, conv_, dw_, algorithm_,
+                                                         &bytes),
+          "backward filter workspace");
+    workspace_ = std::make_unique<device_buffer>(bytes);
+  }
+  ~cudnn_backward_filter() {
+    cudnnDestroyConvolutionDescriptor(conv_);
+    cudnnDestroyFilterDescriptor(dw_);
+    cudnnDestroyTensorDescriptor(dz_);
+    cudnnDestroyTensorDescriptor(x_);
+  }
+  cudnn_backward_filter(const cudnn_backward_filter&) = delete;
+  cudnn_backward_filter& operator=(const cudnn_backward_filter&) = delete;
+
+  void run(const T* x, const T* dz, T* dw) const {
+    const float one = 1.0f, zero = 0.0f;
+    check(cudnnConvolutionBackwardFilter(cudnn(), &one, x_, x, dz_, dz, conv_, algorithm_,
+                                         workspace_->get(), workspace_->bytes(), &zero, dw_, dw),
+          "cudnnConvolutionBackwardFilter");
+  }
+
+ private:
+  cudnnTensorDescriptor_t x_ = nullptr, dz_ = nullptr;
+  cudnnFilterDescriptor_t dw_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  cudnnConvolutionBwdFilterAlgo_t algorithm_{};
+  std::unique_ptr<device_buffer> workspace_;
+};
+
+template <class T>
+void register_conv_cases(const conv_shape& s, double gamma) {
+  const std::string dtype = dtype_name<T>();
+  struct operands {
+    std::unique_ptr<device_buffer> x, dz;
+    device_buffer dw;
+    cudnn_backward_filter<T> dense;
+    explicit operands(const conv_shape& s)
+        : x(normal_tensor<T>(s.x().numel(), true, 1)),
+          dz(normal_tensor<T>(s.dz().numel(), false, 2)),
+          dw(static_cast<std::size_t>(s.dw().numel()) * sizeof(T)),
+          dense(s) {}
+  };
+  benchmark::RegisterBenchmark(("cudnn/" + dtype + "/" + s.name()).c_str(),
+                               [s](benchmark::State& state) {
+                                 operands o(s);
+                                 run_timed(state, 0, [&] {
+                                   o.dense.run(o.x->template get<const T>(),
+                                               o.dz->template get<const T>(), o.dw.template get<T>());
+                                 });
+                               })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+
+  dropit::policy_spec spec;
+  spec.gamma = gamma;
+  const std::string name =
+      policy_name(spec) + "/" + dtype + "/" + gamma_param(gamma) + "/" + s.name();
+  benchmark::RegisterBenchmark(("conv2d_dw/" + name).c_str(), [s, spec](benchmark::State& state) {
+    operands o(s);
+    device_cache<T> cache(spec, s.x(), o.x->template get<const T>());
+    const dropit::cuda_backend backend{timer().stream()};
+    device_buffer scratch(dropit::conv2d_weight_grad_workspace_bytes<T>(backend, cache.layout,
+                                                                        s.dz(), s.dw(), s.params()));
+    run_timed(state, 0, [&] {
+      dropit::conv2d_weight_grad<T>(backend, cache.const_view(),
+                                    {o.dz->template get<const T>(), s.dz()},
+                                    {o.dw.template get<T>(), s.dw()}, s.params(),
+                                    dropit::grad_mode::overwrite, scratch.span());
+    });
+  })->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(("densify_cudnn/" + name).c_str(), [s, spec](benchmark::State& state) {
+    operands o(s);
+    device_cache<T> cache(spec, s.x(), o.x->template get<const T>());
+    const dropit::cuda_backend backend{timer().stream()};
+    device_buffer dense(static_cast<std::size_t>(s.x().numel()) * sizeof(T)),
+        scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
+    run_timed(state, 0, [&] {
+      dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), s.x()}, scratch.span());
+      o.dense.run(dense.get<const T>(), o.dz->template get<const T>(), o.dw.template get<T>());
+    });
+  })->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+#endif  // DROPIT_BENCH_CUDNN
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -334,6 +501,17 @@ int main(int argc, char** argv) {
       register_linear_cases<float>(s, gamma);
       register_linear_cases<dropit::bfloat16>(s, gamma);
     }
+#if DROPIT_BENCH_CUDNN
+  // ResNet-50's 3x3 convolutions and a strided 1x1 shortcut, batch 64.
+  for (const conv_shape& s :
+       {conv_shape{64, 64, 64, 56, 3, 1, 1}, conv_shape{64, 128, 128, 28, 3, 1, 1},
+        conv_shape{64, 256, 256, 14, 3, 1, 1}, conv_shape{64, 512, 512, 7, 3, 1, 1},
+        conv_shape{64, 256, 512, 56, 1, 2, 0}})
+    for (const double gamma : {0.9, 0.99}) {
+      register_conv_cases<float>(s, gamma);
+      register_conv_cases<dropit::bfloat16>(s, gamma);
+    }
+#endif
   try {
     benchmark::RunSpecifiedBenchmarks();
   } catch (const std::exception& e) {

@@ -7,6 +7,8 @@ Pairs each case with its baseline from the same run, by name:
       bandwidth = the bytes the case must move / its time, against the copy's (target ≥ 80 %)
   linear_dw/<policy>/<dtype>/gamma:g/M/K/N, densify_gemm/...  ->  gemm/<dtype>/M/K/N
       time / cuBLAS time (target ≤ 1.10)
+  conv2d_dw/<policy>/<dtype>/gamma:g/N/C/HW/k/s, densify_cudnn/...  ->  cudnn/<dtype>/N/C/HW/k/s
+      time / cuDNN time (target ≤ 1.10)
 
 Times are medians over repetitions when the file holds aggregates. Standard library only.
 
@@ -43,15 +45,18 @@ def main():
     args = parser.parse_args()
     context, cases = gbench_results.load(args.results)
 
-    copies, gemms = {}, {}
+    conv_keys = ("N", "C", "HW", "k", "s")
+    copies, gemms, convs = {}, {}, {}
     for name, entry in cases.items():
         op, labels, params = parts(name)
         if op == "device_copy":
             copies[(labels[0], params["N"])] = entry
         elif op == "gemm":
             gemms[(labels[0], params["M"], params["K"], params["N"])] = entry
+        elif op == "cudnn":
+            convs[(labels[0],) + tuple(params[k] for k in conv_keys)] = entry
 
-    copy_rows, gemm_rows = [], []
+    copy_rows, gemm_rows, conv_rows = [], [], []
     for name, entry in cases.items():
         op, labels, params = parts(name)
         if op in ("compress", "densify"):
@@ -79,6 +84,19 @@ def main():
                               f"{gbench_results.time_ms(gemm):.3f}", f"{ratio:.2f}",
                               verdict(ratio <= GEMM_TARGET)])
 
+        elif op in ("conv2d_dw", "densify_cudnn"):
+            dtype = labels[-1]
+            conv = convs.get((dtype,) + tuple(params[k] for k in conv_keys))
+            if conv is None:
+                continue
+            ratio = gbench_results.time_ms(entry) / gbench_results.time_ms(conv)
+            layer = (f"N={params['N']}, {params['C'].replace('x', '→')}, {params['HW']}², "
+                     f"{params['k']}×{params['k']}, stride {params['s']}")
+            conv_rows.append([op, dtype, params["gamma"], layer,
+                              f"{gbench_results.time_ms(entry):.3f}",
+                              f"{gbench_results.time_ms(conv):.3f}", f"{ratio:.2f}",
+                              verdict(ratio <= GEMM_TARGET)])
+
     def table(header, rows):
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         return lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -95,11 +113,19 @@ def main():
     md += table(["op", "policy", "D", "dtype", "γ", "N", "ms", "copy ms", "GB/s", "copy GB/s",
                  "of copy", "target"], copy_rows)
     md += ["", "## Linear weight gradient against cuBLAS", "",
-           "dW[N, K] = dZᵀ·A with A [M, K] cached. linear_dw = dropit's CUDA kernel on the cache; "
+           "dW[N, K] = dZᵀ·A with A [M, K] cached. linear_dw = the CUDA backend on the cache (it "
+           "densifies into its workspace and calls `cublasGemmEx`); "
            "densify_gemm = the cache densified into a workspace, then `cublasGemmEx` (the LibTorch "
            "adapters' path); against `cublasGemmEx` on the dense A (float accumulation). Target: "
            f"≤ {GEMM_TARGET:.2f}× cuBLAS.", ""]
     md += table(["path", "dtype", "γ", "M×K→N", "ms", "cuBLAS ms", "× cuBLAS", "target"], gemm_rows)
+    md += ["", "## Conv2d weight gradient against cuDNN", "",
+           "conv2d_dw = the CUDA backend on the cache (densify, im2col over blocks of samples, "
+           "strided-batched `cublasGemmEx`, float accumulation); densify_cudnn = the cache "
+           "densified, then cuDNN (the LibTorch adapters' path); against cuDNN's backward filter "
+           "on the dense input with PyTorch's default math (TF32 allowed for float). Target: "
+           f"≤ {GEMM_TARGET:.2f}× cuDNN.", ""]
+    md += table(["path", "dtype", "γ", "layer", "ms", "cuDNN ms", "× cuDNN", "target"], conv_rows)
     text = "\n".join(md) + "\n"
     if args.output:
         with open(args.output, "w") as f:
