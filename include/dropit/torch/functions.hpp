@@ -121,14 +121,7 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
       std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
           dz, densify(cache), weight, params, {want_input, true, false});
     } else {
-      if (want_input) {
-        // torch's own input-gradient kernel reads only the input's shape, so an uninitialised
-        // tensor stands in for the dropped input. It must be contiguous: torch picks its fast
-        // (oneDNN) kernel only for contiguous inputs, and a zero-stride stand-in takes a path
-        // about twice as slow.
-        d_input = std::get<0>(dense_conv2d_backward(dz, at::empty(input_sizes, dz.options()),
-                                                    weight, params, {true, false, false}));
-      }
+      if (want_input) d_input = conv2d_input_grad(dz, weight, input_sizes, params);
       if (want_weight)
         d_weight = conv2d_weight_grad(cache, dz, weight.sizes(), params, weight_grad_path::sparse);
     }

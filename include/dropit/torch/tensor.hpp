@@ -492,6 +492,32 @@ inline std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_conv2d_backward(
                                   /*transposed=*/false, {0, 0}, params.groups, wanted);
 }
 
+/// The input gradient of a conv2d from dZ and the weight alone, for an input of `input_sizes`.
+/// From LibTorch 2.0 on, torch's transposed convolution runs the same oneDNN (cuDNN) kernel as the
+/// input half of its convolution backward, with the same result, and reads no input-shaped tensor.
+/// LibTorch 1.13 has no oneDNN transposed convolution (its fallback is 2.5-6x slower on 3x3
+/// layers), so there the input half of the backward runs on an uninitialised stand-in it reads
+/// only for its shape; contiguous, because a zero-stride one takes a path about twice as slow.
+inline at::Tensor conv2d_input_grad(const at::Tensor& dz, const at::Tensor& weight,
+                                    at::IntArrayRef input_sizes, const conv2d_params& params) {
+  if constexpr (compat::torch_at_least(2, 0)) {
+    // The output padding that makes the transposed convolution's output the input's size.
+    std::vector<std::int64_t> output_padding(2);
+    for (int axis = 0; axis < 2; ++axis) {
+      const std::int64_t reach = (dz.size(2 + axis) - 1) * params.stride[axis] -
+                                 2 * params.padding[axis] +
+                                 params.dilation[axis] * (weight.size(2 + axis) - 1) + 1;
+      output_padding[axis] = input_sizes[2 + axis] - reach;
+    }
+    return at::conv_transpose2d(dz, weight, {}, torch_pair(params.stride),
+                                torch_pair(params.padding), output_padding, params.groups,
+                                torch_pair(params.dilation));
+  } else {
+    return std::get<0>(dense_conv2d_backward(dz, at::empty(input_sizes, dz.options()), weight,
+                                             params, {true, false, false}));
+  }
+}
+
 /// dW of a conv2d whose input was cached in `input`, for a weight of `weight_size`.
 inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor& dz,
                                      at::IntArrayRef weight_size, const conv2d_params& params,
