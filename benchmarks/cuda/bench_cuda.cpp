@@ -7,8 +7,8 @@
 //   `GB_per_s` is that over the median time, to compare with the copy's (2 x its bytes).
 // - linear_dw/<policy>/<dtype>/gamma:g/M:m/K:k/N:n: the CUDA backend's weight gradient on the cache
 //   (it densifies into its workspace and calls cuBLAS itself), and densify_gemm/...: public densify
-//   then cuBLAS by the caller (the LibTorch adapters' path on a GPU),  vs  gemm/<dtype>/M:m/K:k/N:n: cublasGemmEx on the dense input (float
-//   accumulation; tensor cores for 16-bit types).
+//   then cuBLAS by the caller (the LibTorch adapters' path on a GPU),  vs gemm/<dtype>/M:m/K:k/N:n:
+//   cublasGemmEx on the dense input (float accumulation; tensor cores for 16-bit types).
 // - conv2d_dw/<policy>/<dtype>/gamma:g/<layer>: the CUDA backend's conv2d weight gradient on the
 //   cache (densify, im2col blocks, cuBLAS), and densify_cudnn/...: public densify then cuDNN by the
 //   caller (the LibTorch adapters' path on a GPU),  vs  cudnn/<dtype>/<layer>: cuDNN's backward
@@ -130,8 +130,9 @@ constexpr const char* dtype_name() {
 
 template <class T>
 constexpr cudaDataType_t cuda_type() {
-  return std::same_as<T, float> ? CUDA_R_32F : std::same_as<T, dropit::bfloat16> ? CUDA_R_16BF
-                                                                                 : CUDA_R_16F;
+  return std::same_as<T, float>              ? CUDA_R_32F
+         : std::same_as<T, dropit::bfloat16> ? CUDA_R_16BF
+                                             : CUDA_R_16F;
 }
 
 /// A device tensor of `n` standard normal values (post-ReLU when `relu`), fixed seed.
@@ -194,14 +195,19 @@ template <class T>
 void register_copy_cases(std::int64_t n) {
   const std::string dtype = dtype_name<T>();
   const std::string size = "/N:" + std::to_string(n);
-  benchmark::RegisterBenchmark(("device_copy/" + dtype + size).c_str(), [n](benchmark::State& s) {
-    const auto bytes = static_cast<std::size_t>(n) * sizeof(T);
-    device_buffer from(bytes), to(bytes);
-    run_timed(s, 2.0 * static_cast<double>(bytes), [&] {
-      check(cudaMemcpyAsync(to.get(), from.get(), bytes, cudaMemcpyDeviceToDevice, timer().stream()),
-            "cudaMemcpyAsync");
-    });
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(("device_copy/" + dtype + size).c_str(),
+                               [n](benchmark::State& s) {
+                                 const auto bytes = static_cast<std::size_t>(n) * sizeof(T);
+                                 device_buffer from(bytes), to(bytes);
+                                 run_timed(s, 2.0 * static_cast<double>(bytes), [&] {
+                                   check(
+                                       cudaMemcpyAsync(to.get(), from.get(), bytes,
+                                                       cudaMemcpyDeviceToDevice, timer().stream()),
+                                       "cudaMemcpyAsync");
+                                 });
+                               })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
 
   for (const auto selection : {dropit::selection_kind::chunked_min_k, dropit::selection_kind::min_k,
                                dropit::selection_kind::random}) {
@@ -209,39 +215,108 @@ void register_copy_cases(std::int64_t n) {
     spec.selection = selection;
     spec.gamma = 0.9;
     const std::string name = policy_name(spec) + "/" + dtype + "/" + gamma_param(spec.gamma) + size;
-    benchmark::RegisterBenchmark(("compress/" + name).c_str(), [n, spec](benchmark::State& s) {
-      const dropit::shape shape{n / 1024, 1024};
-      const auto input = normal_tensor<T>(n, true, 1);
-      device_cache<T> cache(spec, shape, input->template get<const T>());
-      const dropit::cuda_backend backend{timer().stream()};
-      device_buffer scratch(dropit::compress_workspace_bytes<T>(backend, cache.layout));
-      run_timed(s, static_cast<double>(n * sizeof(T) + cache.layout.bytes()), [&] {
-        dropit::compress<T>(backend, {input->template get<const T>(), shape}, cache.view(),
-                            scratch.span());
-      });
-    })->UseManualTime()->Unit(benchmark::kMicrosecond);
-    benchmark::RegisterBenchmark(("densify/" + name).c_str(), [n, spec](benchmark::State& s) {
-      const dropit::shape shape{n / 1024, 1024};
-      const auto input = normal_tensor<T>(n, true, 1);
-      device_cache<T> cache(spec, shape, input->template get<const T>());
-      const dropit::cuda_backend backend{timer().stream()};
-      device_buffer dense(static_cast<std::size_t>(n) * sizeof(T)),
-          scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
-      run_timed(s, static_cast<double>(n * sizeof(T) + cache.layout.bytes()), [&] {
-        dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), shape}, scratch.span());
-      });
-    })->UseManualTime()->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("compress/" + name).c_str(),
+        [n, spec](benchmark::State& s) {
+          const dropit::shape shape{n / 1024, 1024};
+          const auto input = normal_tensor<T>(n, true, 1);
+          device_cache<T> cache(spec, shape, input->template get<const T>());
+          const dropit::cuda_backend backend{timer().stream()};
+          device_buffer scratch(dropit::compress_workspace_bytes<T>(backend, cache.layout));
+          run_timed(s, static_cast<double>(n * sizeof(T) + cache.layout.bytes()), [&] {
+            dropit::compress<T>(backend, {input->template get<const T>(), shape}, cache.view(),
+                                scratch.span());
+          });
+        })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(
+        ("densify/" + name).c_str(),
+        [n, spec](benchmark::State& s) {
+          const dropit::shape shape{n / 1024, 1024};
+          const auto input = normal_tensor<T>(n, true, 1);
+          device_cache<T> cache(spec, shape, input->template get<const T>());
+          const dropit::cuda_backend backend{timer().stream()};
+          device_buffer dense(static_cast<std::size_t>(n) * sizeof(T)),
+              scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
+          run_timed(s, static_cast<double>(n * sizeof(T) + cache.layout.bytes()), [&] {
+            dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), shape},
+                               scratch.span());
+          });
+        })
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   }
 }
 
-// --- linear weight gradient against cuBLAS --------------------------------------------------------
+// --- weight gradients against the dense library call -------------------------------------------
 
-struct linear_shape {
-  std::int64_t rows, in, out;  // M, K, N: A [M, K], dZ [M, N], dW [N, K]
-  std::string params() const {
-    return "M:" + std::to_string(rows) + "/K:" + std::to_string(in) + "/N:" + std::to_string(out);
-  }
-};
+/// Registers one layer's three weight-gradient cases, on the same operands (post-ReLU normal input,
+/// normal dZ): `<Layer::baseline>/<dtype>/<layer>`, the dense library call on the dense input;
+/// `<Layer::op>/<policy>/<dtype>/<gamma>/<layer>`, the CUDA backend on the cache (it densifies into
+/// its workspace itself); and `densify_<Layer::baseline>/...`, the public densify into a tensor,
+/// then the dense library call (the LibTorch adapters' path on a GPU).
+/// `Layer` gives the names, `input()`, `dz()`, `dw()` shapes, `params()` (the name's suffix),
+/// `typename Layer::template dense<T>` (constructed from the layer; `run(x, dz, dw)`) and
+/// `backend_workspace<T>` / `run_backend<T>` (the public workspace query and operation).
+template <class T, class Layer>
+void register_weight_grad_cases(const Layer& layer, double gamma) {
+  const std::string dtype = dtype_name<T>();
+  struct operands {
+    std::unique_ptr<device_buffer> x, dz;
+    device_buffer dw;
+    typename Layer::template dense<T> dense;
+    explicit operands(const Layer& layer)
+        : x(normal_tensor<T>(layer.input().numel(), true, 1)),
+          dz(normal_tensor<T>(layer.dz().numel(), false, 2)),
+          dw(static_cast<std::size_t>(layer.dw().numel()) * sizeof(T)),
+          dense(layer) {}
+    void run_dense(const T* input) { dense.run(input, dz->template get<const T>(), dw.get<T>()); }
+  };
+  benchmark::RegisterBenchmark(
+      (std::string(Layer::baseline) + "/" + dtype + "/" + layer.params()).c_str(),
+      [layer](benchmark::State& state) {
+        operands o(layer);
+        run_timed(state, 0, [&] { o.run_dense(o.x->template get<const T>()); });
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+
+  dropit::policy_spec spec;
+  spec.gamma = gamma;
+  const std::string name =
+      policy_name(spec) + "/" + dtype + "/" + gamma_param(gamma) + "/" + layer.params();
+  benchmark::RegisterBenchmark(
+      (std::string(Layer::op) + "/" + name).c_str(),
+      [layer, spec](benchmark::State& state) {
+        operands o(layer);
+        device_cache<T> cache(spec, layer.input(), o.x->template get<const T>());
+        const dropit::cuda_backend backend{timer().stream()};
+        device_buffer scratch(layer.template backend_workspace<T>(backend, cache.layout));
+        run_timed(state, 0, [&] {
+          layer.template run_backend<T>(backend, cache.const_view(), o.dz->template get<const T>(),
+                                        o.dw.template get<T>(), scratch.span());
+        });
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      ("densify_" + std::string(Layer::baseline) + "/" + name).c_str(),
+      [layer, spec](benchmark::State& state) {
+        operands o(layer);
+        device_cache<T> cache(spec, layer.input(), o.x->template get<const T>());
+        const dropit::cuda_backend backend{timer().stream()};
+        device_buffer dense(static_cast<std::size_t>(layer.input().numel()) * sizeof(T)),
+            scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
+        run_timed(state, 0, [&] {
+          dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), layer.input()},
+                             scratch.span());
+          o.run_dense(dense.get<const T>());
+        });
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+}
 
 cublasHandle_t cublas() {
   static cublasHandle_t handle = [] {
@@ -253,74 +328,54 @@ cublasHandle_t cublas() {
   return handle;
 }
 
-/// dW[N, K] = dZᵀ[N, M] · A[M, K], row-major, in column-major terms dWᵀ = Aᵀ · dZ.
-template <class T>
-void dense_gemm(const linear_shape& s, const T* a, const T* dz, T* dw) {
-  const float one = 1.0f, zero = 0.0f;
-  check(cublasGemmEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(s.in),
-                     static_cast<int>(s.out), static_cast<int>(s.rows), &one, a, cuda_type<T>(),
-                     static_cast<int>(s.in), dz, cuda_type<T>(), static_cast<int>(s.out), &zero, dw,
-                     cuda_type<T>(), static_cast<int>(s.in), CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT),
-        "cublasGemmEx");
-}
+/// A linear layer: A [M, K] cached, dZ [M, N], dW [N, K]; the baseline is cublasGemmEx.
+struct linear_layer {
+  static constexpr const char* op = "linear_dw";
+  static constexpr const char* baseline = "gemm";
+  std::int64_t rows, in, out;  // M, K, N
 
-template <class T>
-void register_linear_cases(const linear_shape& s, double gamma) {
-  const std::string dtype = dtype_name<T>();
-  struct operands {
-    std::unique_ptr<device_buffer> a, dz;
-    device_buffer dw;
-    explicit operands(const linear_shape& s)
-        : a(normal_tensor<T>(s.rows * s.in, true, 1)),
-          dz(normal_tensor<T>(s.rows * s.out, false, 2)),
-          dw(static_cast<std::size_t>(s.out * s.in) * sizeof(T)) {}
+  dropit::shape input() const { return {rows, in}; }
+  dropit::shape dz() const { return {rows, out}; }
+  dropit::shape dw() const { return {out, in}; }
+  std::string params() const {
+    return "M:" + std::to_string(rows) + "/K:" + std::to_string(in) + "/N:" + std::to_string(out);
+  }
+
+  /// dW[N, K] = dZᵀ[N, M] · A[M, K], row-major, in column-major terms dWᵀ = Aᵀ · dZ (float
+  /// accumulation; tensor cores for 16-bit types).
+  template <class T>
+  class dense {
+   public:
+    explicit dense(const linear_layer& s)
+        : rows_(static_cast<int>(s.rows)),
+          in_(static_cast<int>(s.in)),
+          out_(static_cast<int>(s.out)) {}
+    void run(const T* a, const T* dz, T* dw) const {
+      const float one = 1.0f, zero = 0.0f;
+      check(cublasGemmEx(cublas(), CUBLAS_OP_N, CUBLAS_OP_T, in_, out_, rows_, &one, a,
+                         cuda_type<T>(), in_, dz, cuda_type<T>(), out_, &zero, dw, cuda_type<T>(),
+                         in_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmEx");
+    }
+
+   private:
+    int rows_, in_, out_;
   };
-  benchmark::RegisterBenchmark(("gemm/" + dtype + "/" + s.params()).c_str(),
-                               [s](benchmark::State& state) {
-                                 operands o(s);
-                                 run_timed(state, 0, [&] {
-                                   dense_gemm<T>(s, o.a->template get<const T>(),
-                                                 o.dz->template get<const T>(), o.dw.template get<T>());
-                                 });
-                               })
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
 
-  dropit::policy_spec spec;
-  spec.gamma = gamma;
-  const std::string name =
-      policy_name(spec) + "/" + dtype + "/" + gamma_param(gamma) + "/" + s.params();
-  benchmark::RegisterBenchmark(("linear_dw/" + name).c_str(), [s, spec](benchmark::State& state) {
-    operands o(s);
-    device_cache<T> cache(spec, {s.rows, s.in}, o.a->template get<const T>());
-    const dropit::cuda_backend backend{timer().stream()};
-    device_buffer scratch(dropit::linear_weight_grad_workspace_bytes<T>(
-        backend, cache.layout, {s.rows, s.out}, {s.out, s.in}));
-    run_timed(state, 0, [&] {
-      dropit::linear_weight_grad<T>(backend, cache.const_view(),
-                                    {o.dz->template get<const T>(), {s.rows, s.out}},
-                                    {o.dw.template get<T>(), {s.out, s.in}}, dropit::grad_mode::overwrite,
-                                    scratch.span());
-    });
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("densify_gemm/" + name).c_str(), [s, spec](benchmark::State& state) {
-    operands o(s);
-    device_cache<T> cache(spec, {s.rows, s.in}, o.a->template get<const T>());
-    const dropit::cuda_backend backend{timer().stream()};
-    device_buffer dense(static_cast<std::size_t>(s.rows * s.in) * sizeof(T)),
-        scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
-    run_timed(state, 0, [&] {
-      dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), {s.rows, s.in}},
-                         scratch.span());
-      dense_gemm<T>(s, dense.get<const T>(), o.dz->template get<const T>(), o.dw.template get<T>());
-    });
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
+  template <class T>
+  std::size_t backend_workspace(const dropit::cuda_backend& backend,
+                                const dropit::cache_layout& layout) const {
+    return dropit::linear_weight_grad_workspace_bytes<T>(backend, layout, dz(), dw());
+  }
+  template <class T>
+  void run_backend(const dropit::cuda_backend& backend, const dropit::cache_view<const T>& cache,
+                   const T* dz_data, T* dw_data, dropit::workspace scratch) const {
+    dropit::linear_weight_grad<T>(backend, cache, {dz_data, dz()}, {dw_data, dw()},
+                                  dropit::grad_mode::overwrite, scratch);
+  }
+};
 
 #if DROPIT_BENCH_CUDNN
-// --- conv2d weight gradient against cuDNN ---------------------------------------------------------
-
 void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS)
     throw std::runtime_error(std::string(what) + ": " + cudnnGetErrorString(status));
@@ -336,145 +391,107 @@ cudnnHandle_t cudnn() {
   return handle;
 }
 
-struct conv_shape {
-  int batch, in, out, size, kernel, stride, pad;  // square input and kernel
-  int out_size() const { return (size + 2 * pad - kernel) / stride + 1; }
-  dropit::shape x() const { return {batch, in, size, size}; }
-  dropit::shape dz() const { return {batch, out, out_size(), out_size()}; }
-  dropit::shape dw() const { return {out, in, kernel, kernel}; }
-  dropit::conv2d_params params() const {
-    return {.stride = {stride, stride}, .padding = {pad, pad}, .dilation = {1, 1}, .groups = 1};
-  }
-  std::string name() const {
-    return "N:" + std::to_string(batch) + "/C:" + std::to_string(in) + "x" + std::to_string(out) +
-           "/HW:" + std::to_string(size) + "/k:" + std::to_string(kernel) +
-           "/s:" + std::to_string(stride);
-  }
-};
-
 template <class T>
 constexpr cudnnDataType_t cudnn_type() {
-  return std::same_as<T, float> ? CUDNN_DATA_FLOAT
+  return std::same_as<T, float>              ? CUDNN_DATA_FLOAT
          : std::same_as<T, dropit::bfloat16> ? CUDNN_DATA_BFLOAT16
                                              : CUDNN_DATA_HALF;
 }
 
-/// cuDNN's backward filter for one layer: descriptors, the heuristics' first algorithm and its
-/// workspace.
-template <class T>
-class cudnn_backward_filter {
- public:
-  explicit cudnn_backward_filter(const conv_shape& s) {
-    check(cudnnCreateTensorDescriptor(&x_), "x descriptor");
-    check(cudnnCreateTensorDescriptor(&dz_), "dz descriptor");
-    check(cudnnCreateFilterDescriptor(&dw_), "dw descriptor");
-    check(cudnnCreateConvolutionDescriptor(&conv_), "conv descriptor");
-    check(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.in, s.size,
-                                     s.size),
-          "x descriptor");
-    check(cudnnSetTensor4dDescriptor(dz_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.out,
-                                     s.out_size(), s.out_size()),
-          "dz descriptor");
-    check(cudnnSetFilter4dDescriptor(dw_, cudnn_type<T>(), CUDNN_TENSOR_NCHW, s.out, s.in, s.kernel,
-                                     s.kernel),
-          "dw descriptor");
-    check(cudnnSetConvolution2dDescriptor(conv_, s.pad, s.pad, s.stride, s.stride, 1, 1,
-                                          CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
-          "conv descriptor");
-    check(cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH), "math type");
-    int returned = 0;
-    cudnnConvolutionBwdFilterAlgoPerf_t ranked[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn(), x_, dz_, conv_, dw_,
-                                                        CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
-                                                        &returned, ranked),
-          "backward filter heuristics");
-    int first = 0;
-    while (first < returned && ranked[first].status != CUDNN_STATUS_SUCCESS) ++first;
-    if (first == returned) throw std::runtime_error("cuDNN offers no backward filter algorithm");
-    algorithm_ = ranked[first].algo;
-    std::size_t bytes = 0;
-    check(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), x_, dz_, conv_, dw_, algorithm_,
-                                                         &bytes),
-          "backward filter workspace");
-    workspace_ = std::make_unique<device_buffer>(bytes);
-  }
-  ~cudnn_backward_filter() {
-    cudnnDestroyConvolutionDescriptor(conv_);
-    cudnnDestroyFilterDescriptor(dw_);
-    cudnnDestroyTensorDescriptor(dz_);
-    cudnnDestroyTensorDescriptor(x_);
-  }
-  cudnn_backward_filter(const cudnn_backward_filter&) = delete;
-  cudnn_backward_filter& operator=(const cudnn_backward_filter&) = delete;
+/// A square conv2d layer: X [N, C_in, HW, HW] cached, dW [C_out, C_in, k, k]; the baseline is
+/// cuDNN's backward filter as PyTorch configures it by default (tensor-op math, so TF32 for float;
+/// the algorithm cuDNN's heuristics rank first).
+struct conv_layer {
+  static constexpr const char* op = "conv2d_dw";
+  static constexpr const char* baseline = "cudnn";
+  int batch, in, out, size, kernel, stride, pad;
 
-  void run(const T* x, const T* dz, T* dw) const {
-    const float one = 1.0f, zero = 0.0f;
-    check(cudnnConvolutionBackwardFilter(cudnn(), &one, x_, x, dz_, dz, conv_, algorithm_,
-                                         workspace_->get(), workspace_->bytes(), &zero, dw_, dw),
-          "cudnnConvolutionBackwardFilter");
+  int out_size() const { return (size + 2 * pad - kernel) / stride + 1; }
+  dropit::shape input() const { return {batch, in, size, size}; }
+  dropit::shape dz() const { return {batch, out, out_size(), out_size()}; }
+  dropit::shape dw() const { return {out, in, kernel, kernel}; }
+  dropit::conv2d_params conv() const {
+    return {.stride = {stride, stride}, .padding = {pad, pad}, .dilation = {1, 1}, .groups = 1};
+  }
+  std::string params() const {
+    return "N:" + std::to_string(batch) + "/C:" + std::to_string(in) + "x" + std::to_string(out) +
+           "/HW:" + std::to_string(size) + "/k:" + std::to_string(kernel) +
+           "/s:" + std::to_string(stride);
   }
 
- private:
-  cudnnTensorDescriptor_t x_ = nullptr, dz_ = nullptr;
-  cudnnFilterDescriptor_t dw_ = nullptr;
-  cudnnConvolutionDescriptor_t conv_ = nullptr;
-  cudnnConvolutionBwdFilterAlgo_t algorithm_{};
-  std::unique_ptr<device_buffer> workspace_;
-};
+  template <class T>
+  class dense {
+   public:
+    explicit dense(const conv_layer& s) {
+      check(cudnnCreateTensorDescriptor(&x_), "x descriptor");
+      check(cudnnCreateTensorDescriptor(&dz_), "dz descriptor");
+      check(cudnnCreateFilterDescriptor(&dw_), "dw descriptor");
+      check(cudnnCreateConvolutionDescriptor(&conv_), "conv descriptor");
+      check(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.in,
+                                       s.size, s.size),
+            "x descriptor");
+      check(cudnnSetTensor4dDescriptor(dz_, CUDNN_TENSOR_NCHW, cudnn_type<T>(), s.batch, s.out,
+                                       s.out_size(), s.out_size()),
+            "dz descriptor");
+      check(cudnnSetFilter4dDescriptor(dw_, cudnn_type<T>(), CUDNN_TENSOR_NCHW, s.out, s.in,
+                                       s.kernel, s.kernel),
+            "dw descriptor");
+      check(cudnnSetConvolution2dDescriptor(conv_, s.pad, s.pad, s.stride, s.stride, 1, 1,
+                                            CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT),
+            "conv descriptor");
+      check(cudnnSetConvolutionMathType(conv_, CUDNN_TENSOR_OP_MATH), "math type");
+      int returned = 0;
+      cudnnConvolutionBwdFilterAlgoPerf_t ranked[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
+      check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnn(), x_, dz_, conv_, dw_,
+                                                          CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+                                                          &returned, ranked),
+            "backward filter heuristics");
+      int first = 0;
+      while (first < returned && ranked[first].status != CUDNN_STATUS_SUCCESS) ++first;
+      if (first == returned) throw std::runtime_error("cuDNN offers no backward filter algorithm");
+      algorithm_ = ranked[first].algo;
+      std::size_t bytes = 0;
+      check(cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnn(), x_, dz_, conv_, dw_, algorithm_,
+                                                           &bytes),
+            "backward filter workspace");
+      workspace_ = std::make_unique<device_buffer>(bytes);
+    }
+    ~dense() {
+      cudnnDestroyConvolutionDescriptor(conv_);
+      cudnnDestroyFilterDescriptor(dw_);
+      cudnnDestroyTensorDescriptor(dz_);
+      cudnnDestroyTensorDescriptor(x_);
+    }
+    dense(const dense&) = delete;
+    dense& operator=(const dense&) = delete;
 
-template <class T>
-void register_conv_cases(const conv_shape& s, double gamma) {
-  const std::string dtype = dtype_name<T>();
-  struct operands {
-    std::unique_ptr<device_buffer> x, dz;
-    device_buffer dw;
-    cudnn_backward_filter<T> dense;
-    explicit operands(const conv_shape& s)
-        : x(normal_tensor<T>(s.x().numel(), true, 1)),
-          dz(normal_tensor<T>(s.dz().numel(), false, 2)),
-          dw(static_cast<std::size_t>(s.dw().numel()) * sizeof(T)),
-          dense(s) {}
+    void run(const T* x, const T* dz, T* dw) const {
+      const float one = 1.0f, zero = 0.0f;
+      check(cudnnConvolutionBackwardFilter(cudnn(), &one, x_, x, dz_, dz, conv_, algorithm_,
+                                           workspace_->get(), workspace_->bytes(), &zero, dw_, dw),
+            "cudnnConvolutionBackwardFilter");
+    }
+
+   private:
+    cudnnTensorDescriptor_t x_ = nullptr, dz_ = nullptr;
+    cudnnFilterDescriptor_t dw_ = nullptr;
+    cudnnConvolutionDescriptor_t conv_ = nullptr;
+    cudnnConvolutionBwdFilterAlgo_t algorithm_{};
+    std::unique_ptr<device_buffer> workspace_;
   };
-  benchmark::RegisterBenchmark(("cudnn/" + dtype + "/" + s.name()).c_str(),
-                               [s](benchmark::State& state) {
-                                 operands o(s);
-                                 run_timed(state, 0, [&] {
-                                   o.dense.run(o.x->template get<const T>(),
-                                               o.dz->template get<const T>(), o.dw.template get<T>());
-                                 });
-                               })
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
 
-  dropit::policy_spec spec;
-  spec.gamma = gamma;
-  const std::string name =
-      policy_name(spec) + "/" + dtype + "/" + gamma_param(gamma) + "/" + s.name();
-  benchmark::RegisterBenchmark(("conv2d_dw/" + name).c_str(), [s, spec](benchmark::State& state) {
-    operands o(s);
-    device_cache<T> cache(spec, s.x(), o.x->template get<const T>());
-    const dropit::cuda_backend backend{timer().stream()};
-    device_buffer scratch(dropit::conv2d_weight_grad_workspace_bytes<T>(backend, cache.layout,
-                                                                        s.dz(), s.dw(), s.params()));
-    run_timed(state, 0, [&] {
-      dropit::conv2d_weight_grad<T>(backend, cache.const_view(),
-                                    {o.dz->template get<const T>(), s.dz()},
-                                    {o.dw.template get<T>(), s.dw()}, s.params(),
-                                    dropit::grad_mode::overwrite, scratch.span());
-    });
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("densify_cudnn/" + name).c_str(), [s, spec](benchmark::State& state) {
-    operands o(s);
-    device_cache<T> cache(spec, s.x(), o.x->template get<const T>());
-    const dropit::cuda_backend backend{timer().stream()};
-    device_buffer dense(static_cast<std::size_t>(s.x().numel()) * sizeof(T)),
-        scratch(dropit::densify_workspace_bytes<T>(backend, cache.layout));
-    run_timed(state, 0, [&] {
-      dropit::densify<T>(backend, cache.const_view(), {dense.get<T>(), s.x()}, scratch.span());
-      o.dense.run(dense.get<const T>(), o.dz->template get<const T>(), o.dw.template get<T>());
-    });
-  })->UseManualTime()->Unit(benchmark::kMicrosecond);
-}
+  template <class T>
+  std::size_t backend_workspace(const dropit::cuda_backend& backend,
+                                const dropit::cache_layout& layout) const {
+    return dropit::conv2d_weight_grad_workspace_bytes<T>(backend, layout, dz(), dw(), conv());
+  }
+  template <class T>
+  void run_backend(const dropit::cuda_backend& backend, const dropit::cache_view<const T>& cache,
+                   const T* dz_data, T* dw_data, dropit::workspace scratch) const {
+    dropit::conv2d_weight_grad<T>(backend, cache, {dz_data, dz()}, {dw_data, dw()}, conv(),
+                                  dropit::grad_mode::overwrite, scratch);
+  }
+};
 #endif  // DROPIT_BENCH_CUDNN
 
 }  // namespace
@@ -496,20 +513,20 @@ int main(int argc, char** argv) {
   constexpr std::int64_t n = std::int64_t{1} << 24;
   register_copy_cases<float>(n);
   register_copy_cases<dropit::bfloat16>(n);
-  for (const linear_shape& s : {linear_shape{8192, 1024, 4096}, linear_shape{16384, 768, 3072}})
+  for (const linear_layer& layer : {linear_layer{8192, 1024, 4096}, linear_layer{16384, 768, 3072}})
     for (const double gamma : {0.9, 0.99}) {
-      register_linear_cases<float>(s, gamma);
-      register_linear_cases<dropit::bfloat16>(s, gamma);
+      register_weight_grad_cases<float>(layer, gamma);
+      register_weight_grad_cases<dropit::bfloat16>(layer, gamma);
     }
 #if DROPIT_BENCH_CUDNN
   // ResNet-50's 3x3 convolutions and a strided 1x1 shortcut, batch 64.
-  for (const conv_shape& s :
-       {conv_shape{64, 64, 64, 56, 3, 1, 1}, conv_shape{64, 128, 128, 28, 3, 1, 1},
-        conv_shape{64, 256, 256, 14, 3, 1, 1}, conv_shape{64, 512, 512, 7, 3, 1, 1},
-        conv_shape{64, 256, 512, 56, 1, 2, 0}})
+  for (const conv_layer& layer :
+       {conv_layer{64, 64, 64, 56, 3, 1, 1}, conv_layer{64, 128, 128, 28, 3, 1, 1},
+        conv_layer{64, 256, 256, 14, 3, 1, 1}, conv_layer{64, 512, 512, 7, 3, 1, 1},
+        conv_layer{64, 256, 512, 56, 1, 2, 0}})
     for (const double gamma : {0.9, 0.99}) {
-      register_conv_cases<float>(s, gamma);
-      register_conv_cases<dropit::bfloat16>(s, gamma);
+      register_weight_grad_cases<float>(layer, gamma);
+      register_weight_grad_cases<dropit::bfloat16>(layer, gamma);
     }
 #endif
   try {
