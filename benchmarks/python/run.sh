@@ -10,4 +10,6 @@ root="$(cd "$here/../.." && pwd)"
 torch_version="$(python3 -c "import torch; print(torch.__version__.split('+')[0])")"
 lib="${DROPIT_BUILD_DIR:-$root/build}/python/torch-$torch_version/lib"
 if [[ -d $lib ]]; then export PYTHONPATH="$lib${PYTHONPATH:+:$PYTHONPATH}"; fi
-python3 "$here/bench_step.py" --label "$(machine_label)" --output-dir "$root/benchmarks/results" "$@"
+# From the repository root, so that the command the results record names no local path.
+cd "$root"
+python3 benchmarks/python/bench_step.py --label "$(machine_label)" --output-dir benchmarks/results "$@"
