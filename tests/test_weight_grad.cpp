@@ -261,6 +261,20 @@ TEST_CASE("conv2d dW: asymmetric parameters, depthwise multipliers, odd shapes")
                    .kernel_w = 3,
                    .pad_h = 1,
                    .pad_w = 1});
+  // One sample's dZ (40 x 48 pixels x 40 channels in float, 300 KiB) is more than a tile of the
+  // CPU kernel, so the batch is walked in several tiles.
+  cases.push_back({.batch = 3,
+                   .in_channels = 3,
+                   .height = 40,
+                   .width = 48,
+                   .out_channels = 40,
+                   .kernel_h = 3,
+                   .kernel_w = 3,
+                   .pad_h = 1,
+                   .pad_w = 1});
+  CHECK(cases.back().out_h() * cases.back().out_w() * cases.back().out_channels *
+            std::int64_t{sizeof(float)} >
+        dropit::detail::cpu::conv2d_dz_tile_bytes);
   cases.push_back({.batch = 0,
                    .in_channels = 4,
                    .height = 5,

@@ -248,6 +248,9 @@ DROPIT_ALWAYS_INLINE void multiply_add(float* __restrict acc, const float* __res
   }
 }
 
+/// Bytes of dZ (as float) that one tile of samples may span in the conv2d weight gradient.
+inline constexpr std::int64_t conv2d_dz_tile_bytes = std::int64_t{256} << 10;
+
 struct conv2d_scratch {
   decode_scratch decoded;
   float* dz = nullptr;           // [N][H_out][W_out][C_out]: the C_out run of a pixel contiguous
@@ -280,21 +283,22 @@ inline std::int64_t conv_output_index(std::int64_t x, std::int64_t tap, std::int
   return out < out_extent ? out : -1;
 }
 
-/// The weight-gradient rows of input channel `c`: every kept element of the channel meets, through
-/// each kernel tap, one output pixel whose C_out/groups gradients it scales into the accumulator.
+/// The weight-gradient rows of input channel `c` over samples [first_sample, end_sample): every
+/// kept element of the channel meets, through each kernel tap, one output pixel whose C_out/groups
+/// gradients it scales into the accumulator.
 DROPIT_ALWAYS_INLINE void accumulate_conv_channel_kernel(const conv2d_geometry* geometry,
                                                          const sparse_entries* kept,
                                                          const conv2d_scratch* scratch,
-                                                         std::int64_t c) {
+                                                         std::int64_t c, std::int64_t first_sample,
+                                                         std::int64_t end_sample) {
   const conv2d_geometry& g = *geometry;
   const sparse_entries& entries = *kept;
   const std::int64_t taps = g.kernel_h * g.kernel_w;
   const std::int64_t group_out = g.out_per_group();
   const std::int64_t plane_size = g.height * g.width;
   float* acc = scratch->accumulator + c * taps * group_out;
-  std::fill_n(acc, taps * group_out, 0.0f);
   const float* dz = scratch->dz + c / g.in_per_group() * group_out;
-  for (std::int64_t n = 0; n < g.batch; ++n) {
+  for (std::int64_t n = first_sample; n < end_sample; ++n) {
     const std::int64_t base = (n * g.in_channels + c) * plane_size;
     const std::int64_t end = entries.lower_bound(base + plane_size);
     std::int64_t h = 0, row_start = base;  // entries ascend: walk the rows instead of dividing
@@ -328,8 +332,9 @@ void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x
   decode(backend, x, scratch.decoded);
   const sparse_entries& entries = scratch.decoded.entries;
   const std::int64_t out_pixels = g.out_height * g.out_width;
-  // dZ to [N][pixel][C_out], in blocks of pixels so that the strided writes stay in L1.
-  constexpr std::int64_t pixel_block = 32;
+  // dZ to [N][pixel][C_out], in blocks of pixels whose strided writes (16 KiB) stay in L1 while
+  // each plane is read in runs long enough for the hardware prefetcher to follow.
+  const std::int64_t pixel_block = std::max<std::int64_t>(8, 4096 / g.out_channels);
   const std::int64_t pixel_blocks = (out_pixels + pixel_block - 1) / pixel_block;
   parallel_for(backend, g.batch * pixel_blocks, [&](std::int64_t item, int) {
     const std::int64_t n = item / pixel_blocks;
@@ -353,8 +358,20 @@ void conv2d_weight_grad(const cpu_backend& backend, const cache_view<const T>& x
     for (std::int64_t kw = 0; kw < g.kernel_w; ++kw)
       scratch.out_cols[w * g.kernel_w + kw] = static_cast<std::int32_t>(
           conv_output_index(w, kw, g.stride_w, g.pad_w, g.dilation_w, g.out_width));
-  parallel_for(backend, g.in_channels,
-               [&](std::int64_t c, int) { accumulate_conv_channel(&g, &entries, &scratch, c); });
+  // Each thread takes a range of input channels and walks the batch in tiles of samples whose dZ
+  // fits in its L2, doing every channel of the range on a tile before the next: walking the whole
+  // batch per channel would stream all of dZ from memory once per input channel.
+  std::fill_n(scratch.accumulator, g.in_channels * taps * group_out, 0.0f);
+  const std::int64_t sample_bytes = out_pixels * g.out_channels * std::int64_t{sizeof(float)};
+  const std::int64_t tile = std::max<std::int64_t>(1, conv2d_dz_tile_bytes / sample_bytes);
+  const std::int64_t ranges = std::min<std::int64_t>(backend.thread_count(), g.in_channels);
+  parallel_for(backend, ranges, [&](std::int64_t range, int) {
+    const std::int64_t first_channel = range * g.in_channels / ranges;
+    const std::int64_t end_channel = (range + 1) * g.in_channels / ranges;
+    for (std::int64_t n = 0; n < g.batch; n += tile)
+      for (std::int64_t c = first_channel; c < end_channel; ++c)
+        accumulate_conv_channel(&g, &entries, &scratch, c, n, std::min(g.batch, n + tile));
+  });
 
   const std::int64_t group_in = g.in_per_group();
   parallel_for(backend, g.out_channels, [&](std::int64_t co, int) {
