@@ -207,6 +207,69 @@ TEST_CASE("torch: Conv2d at gamma 0 equals torch::nn::Conv2d in bfloat16") {
 
 namespace {
 
+/// CPU autocast to bfloat16 for the lifetime of the object.
+struct cpu_autocast_bfloat16 {
+  cpu_autocast_bfloat16() { enable(true); }
+  ~cpu_autocast_bfloat16() {
+    enable(false);
+    at::autocast::clear_cache();
+  }
+  static void enable(bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCPU, on);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+#else
+    at::autocast::set_cpu_enabled(on);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+#endif
+  }
+};
+
+/// Trains `layer` and torch's `reference` (equal parameters) one step under CPU bfloat16
+/// autocast: both outputs are bfloat16, the float32 parameters get float32 gradients, and those
+/// agree to bfloat16's precision.
+template <class Layer, class Reference>
+void check_under_autocast(Layer& layer, Reference& reference, const at::Tensor& x) {
+  at::Tensor y, y_ref;
+  {
+    const cpu_autocast_bfloat16 autocast;
+    y = layer->forward(x);
+    y_ref = reference->forward(x);
+  }
+  CHECK((y.scalar_type() == at::kBFloat16));
+  CHECK((y_ref.scalar_type() == at::kBFloat16));
+  const at::Tensor upstream = ::torch::randn(y.sizes());
+  (y.to(at::kFloat) * upstream).sum().backward();
+  (y_ref.to(at::kFloat) * upstream).sum().backward();
+  CHECK((layer->weight.grad().scalar_type() == at::kFloat));
+  const double scale = reference->weight.grad().abs().max().template item<double>();
+  CHECK(max_abs_diff(layer->weight.grad(), reference->weight.grad()) <= 2e-2 * scale);
+  CHECK(max_abs_diff(layer->bias.grad(), reference->bias.grad()) <= 2e-2 * scale);
+}
+
+}  // namespace
+
+// Under autocast the layers cast their inputs first, as torch's own do, so that the cache and dZ
+// have the same dtype in backward.
+TEST_CASE("torch: Linear and Conv2d train under CPU autocast like torch's layers") {
+  ::torch::manual_seed(11);
+  dt::Linear linear(::torch::nn::LinearOptions(24, 6), DropitOptions().gamma(0.0));
+  ::torch::nn::Linear linear_reference(::torch::nn::LinearOptions(24, 6));
+  dt::Conv2d conv(::torch::nn::Conv2dOptions(3, 4, 3).padding(1), DropitOptions().gamma(0.0));
+  ::torch::nn::Conv2d conv_reference(::torch::nn::Conv2dOptions(3, 4, 3).padding(1));
+  {
+    const ::torch::NoGradGuard no_grad;
+    linear_reference->weight.copy_(linear->weight);
+    linear_reference->bias.copy_(linear->bias);
+    conv_reference->weight.copy_(conv->weight);
+    conv_reference->bias.copy_(conv->bias);
+  }
+  check_under_autocast(linear, linear_reference, ::torch::randn({5, 24}));
+  check_under_autocast(conv, conv_reference, ::torch::randn({2, 3, 6, 6}));
+}
+
+namespace {
+
 struct policy_case {
   const char* name;
   DropitOptions options;

@@ -5,6 +5,7 @@
 /// uses the full weight; only the weight gradient is computed from the cache.
 
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "tensor.hpp"
@@ -13,50 +14,105 @@ namespace dropit::torch {
 
 namespace detail {
 
-/// Saves the weight and, when there is one, the cache through save_for_backward, its layout as an
-/// int64 tensor: saved-tensor hooks (checkpointing, offloading to the CPU) then see all of it, and a
-/// forward recomputed by checkpointing replaces values, positions and layout together.
+/// Saves the weight and, when there is one, the cache's tensors (then `extra`) through
+/// save_for_backward, so that saved-tensor hooks (checkpointing, offloading to the CPU) see all of
+/// it; the layout, which follows from the policy, shape and dtype alone, travels as saved data.
 inline void save_weight_and_cache(::torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
-                                  const saved_cache* cache) {
+                                  const saved_cache* cache, const at::Tensor& extra = {}) {
   if (cache == nullptr) {
     ctx->save_for_backward({weight});
     return;
   }
-  const std::vector<std::int64_t> layout = cache->packed_layout();
-  ctx->save_for_backward({weight, cache->values, cache->positions,
-                          at::tensor(layout, at::TensorOptions().dtype(at::kLong))});
+  ::torch::autograd::variable_list saved{weight, cache->values, cache->positions};
+  if (extra.defined()) saved.push_back(extra);
+  ctx->save_for_backward(saved);
+  ctx->saved_data["layout"] = cache->packed_layout();
 }
 
 /// The cache `save_weight_and_cache` saved (`saved` holds the weight first).
-inline saved_cache load_cache(const ::torch::autograd::variable_list& saved) {
-  dropit::detail::expect(saved.size() == 4, "this layer saved no cache of its input (its weight "
+inline saved_cache load_cache(::torch::autograd::AutogradContext* ctx,
+                              const ::torch::autograd::variable_list& saved) {
+  dropit::detail::expect(saved.size() >= 3,
+                         "this layer saved no cache of its input (its weight "
                          "did not require a gradient in forward)");
   saved_cache cache;
   cache.values = saved[1];
   cache.positions = saved[2];
-  const at::Tensor& layout = saved[3];
-  cache.layout = saved_cache::unpack_layout(std::vector<std::int64_t>(
-      layout.data_ptr<std::int64_t>(), layout.data_ptr<std::int64_t>() + layout.numel()));
+  cache.layout = saved_cache::unpack_layout(ctx->saved_data["layout"].toIntVector());
   return cache;
 }
 
 }  // namespace detail
 
+/// `tensors` as a layer under autocast computes: floating-point ones in the autocast dtype of
+/// `input`'s device, so that the cache, the output and dZ share one dtype (torch's own linear and
+/// conv2d cast the same way); unchanged where autocast is off. The casts are differentiable, so
+/// float32 parameters still get float32 gradients.
+template <class... Tensors>
+std::tuple<Tensors...> autocast_layer_inputs(const at::Tensor& input, const Tensors&... tensors) {
+  const std::optional<at::ScalarType> dtype = compat::autocast_dtype(input.device());
+  const auto cast = [&](const at::Tensor& t) {
+    return dtype && t.defined() && t.is_floating_point() ? t.to(*dtype) : t;
+  };
+  return {cast(tensors)...};
+}
+
+/// How the layers' autograd functions reach the cache operations. These call the adapters
+/// directly (the C++ modules); the Python package's registered operators call the same adapters
+/// through torch's dispatcher instead, so that torch.compile traces each as one operator.
+struct direct_cache_ops {
+  /// What a layer's forward passes on to `compress`: the policy of this call.
+  using policy_type = policy_spec;
+  /// What `compress` makes and the weight gradients read.
+  using cache_type = saved_cache;
+
+  static saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
+    return compress_for_layer(input, spec);
+  }
+  static void save(::torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                   const saved_cache* cache) {
+    detail::save_weight_and_cache(ctx, weight, cache);
+  }
+  static saved_cache load(::torch::autograd::AutogradContext* ctx,
+                          const ::torch::autograd::variable_list& saved) {
+    return detail::load_cache(ctx, saved);
+  }
+  static at::Tensor densify(const saved_cache& cache) { return dropit::torch::densify(cache); }
+  static at::Tensor linear_weight_grad(const saved_cache& cache, const at::Tensor& dz) {
+    return dropit::torch::linear_weight_grad(cache, dz);
+  }
+  static at::Tensor conv2d_weight_grad(const saved_cache& cache, const at::Tensor& dz,
+                                       at::IntArrayRef weight_size, const conv2d_params& params) {
+    return dropit::torch::conv2d_weight_grad(cache, dz, weight_size, params,
+                                             weight_grad_path::sparse);
+  }
+  static std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
+    return dropit::torch::relu_with_mask(input);
+  }
+  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask,
+                                  at::MemoryFormat format) {
+    return dropit::torch::relu_backward(dy, mask, format);
+  }
+};
+
 /// y = x Wᵀ + b, caching x compactly when W needs a gradient.
-struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
+template <class CacheOps>
+struct basic_linear_function : public ::torch::autograd::Function<basic_linear_function<CacheOps>> {
   /// `bias_argument`: the bias, or an empty tensor for none (see compat::optional_argument).
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
                             const at::Tensor& weight, const at::Tensor& bias_argument,
-                            const policy_spec& spec) {
+                            const typename CacheOps::policy_type& spec) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    expect_usable(input, "linear input");
-    dropit::detail::expect(input.dim() >= 1 && input.size(-1) == weight.size(1),
-                           "linear input of shape ", shape_of(input), " does not end in ",
-                           weight.size(1), " features");
+    dropit::detail::expect(input.defined(), "linear input is an undefined tensor");
+    const dropit::shape input_shape(compat::static_sizes(input));
+    const std::int64_t in_features = compat::static_sizes(weight).at(1);
+    dropit::detail::expect(
+        input_shape.rank >= 1 && input_shape[input_shape.rank - 1] == in_features,
+        "linear input of shape ", input_shape, " does not end in ", in_features, " features");
     ctx->saved_data["has_bias"] = bias.defined();
-    const saved_cache cache =
-        weight.requires_grad() ? compress_for_layer(input, spec) : saved_cache{};
-    detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
+    const typename CacheOps::cache_type cache =
+        weight.requires_grad() ? CacheOps::compress(input, spec) : typename CacheOps::cache_type{};
+    CacheOps::save(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::linear(input, weight, bias);
   }
 
@@ -66,36 +122,41 @@ struct LinearFunction : public ::torch::autograd::Function<LinearFunction> {
     const at::Tensor& weight = saved[0];
     const at::Tensor dz = grads[0].contiguous();
     // A 1-D input is a single row: dZ [N_out] is then its own bias gradient.
-    const at::Tensor dz_rows = dz.reshape({-1, dz.size(-1)});
+    const at::Tensor dz_rows = dz.reshape({-1, compat::static_sizes(dz).back()});
     at::Tensor d_input, d_weight, d_bias;
     if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
-    if (ctx->needs_input_grad(1)) d_weight = linear_weight_grad(detail::load_cache(saved), dz_rows);
+    if (ctx->needs_input_grad(1))
+      d_weight = CacheOps::linear_weight_grad(CacheOps::load(ctx, saved), dz_rows);
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
     return {d_input, d_weight, d_bias, at::Tensor()};
   }
 };
 
 /// Conv2d with zero padding, caching its input compactly when the weight needs a gradient.
-struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
+template <class CacheOps>
+struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_function<CacheOps>> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
                             const at::Tensor& weight, const at::Tensor& bias_argument,
-                            const conv2d_params& params, const policy_spec& spec) {
+                            const conv2d_params& params,
+                            const typename CacheOps::policy_type& spec) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    expect_usable(input, "conv2d input");
-    dropit::detail::expect(input.dim() == 4, "conv2d input must be [N, C, H, W], got shape ",
-                           shape_of(input));
-    dropit::detail::expect(input.size(1) == weight.size(1) * params.groups, "conv2d input has ",
-                           input.size(1), " channels; the weight expects ",
-                           weight.size(1) * params.groups);
+    dropit::detail::expect(input.defined(), "conv2d input is an undefined tensor");
+    const std::vector<std::int64_t> input_sizes = compat::static_sizes(input);
+    dropit::detail::expect(input_sizes.size() == 4, "conv2d input must be [N, C, H, W], got shape ",
+                           dropit::shape(input_sizes));
+    const std::int64_t weight_channels = compat::static_sizes(weight).at(1) * params.groups;
+    dropit::detail::expect(input_sizes[1] == weight_channels, "conv2d input has ", input_sizes[1],
+                           " channels; the weight expects ", weight_channels);
     ctx->saved_data["has_bias"] = bias.defined();
-    ctx->saved_data["input_sizes"] = input.sizes().vec();
+    ctx->saved_data["input_sizes"] = input_sizes;
     ctx->saved_data["stride"] = torch_pair(params.stride);
     ctx->saved_data["padding"] = torch_pair(params.padding);
     ctx->saved_data["dilation"] = torch_pair(params.dilation);
     ctx->saved_data["groups"] = params.groups;
-    const saved_cache cache =
-        weight.requires_grad() ? compress_for_layer(input, spec) : saved_cache{};
-    detail::save_weight_and_cache(ctx, weight, weight.requires_grad() ? &cache : nullptr);
+    const typename CacheOps::cache_type cache =
+        weight.requires_grad() ? CacheOps::compress(input, spec) : typename CacheOps::cache_type{};
+    CacheOps::save(ctx, weight, weight.requires_grad() ? &cache : nullptr);
+    // The input itself, in whatever memory format it has: the output keeps it.
     return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
                       torch_pair(params.dilation), params.groups);
   }
@@ -109,21 +170,22 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
     const conv2d_params params = conv2d_params_of(
         ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
         ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
+    const std::vector<std::int64_t> weight_size = compat::static_sizes(weight);
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     at::Tensor d_input, d_weight, d_bias;
-    const saved_cache cache = want_weight ? detail::load_cache(saved) : saved_cache{};
+    const typename CacheOps::cache_type cache =
+        want_weight ? CacheOps::load(ctx, saved) : typename CacheOps::cache_type{};
     const bool densified =
-        want_weight && preferred_weight_grad_path(cache.layout, conv2d_layer(weight.sizes(), params),
+        want_weight && preferred_weight_grad_path(cache.layout, conv2d_layer(weight_size, params),
                                                   dz.device()) == weight_grad_path::densify;
     if (densified) {
       // Both gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified cache; the
       // input gradient reads only its shape.
       std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
-          dz, densify(cache), weight, params, {want_input, true, false});
+          dz, CacheOps::densify(cache), weight, params, {want_input, true, false});
     } else {
       if (want_input) d_input = conv2d_input_grad(dz, weight, input_sizes, params);
-      if (want_weight)
-        d_weight = conv2d_weight_grad(cache, dz, weight.sizes(), params, weight_grad_path::sparse);
+      if (want_weight) d_weight = CacheOps::conv2d_weight_grad(cache, dz, weight_size, params);
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
       d_bias = dz.sum({0, 2, 3});
@@ -132,38 +194,26 @@ struct Conv2dFunction : public ::torch::autograd::Function<Conv2dFunction> {
 };
 
 /// ReLU that saves one bit per element (where its output is positive) instead of its output.
-struct ReLUFunction : public ::torch::autograd::Function<ReLUFunction> {
+template <class CacheOps>
+struct basic_relu_function : public ::torch::autograd::Function<basic_relu_function<CacheOps>> {
   static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input) {
-    expect_usable(input, "ReLU input");
-    // One pass writes the output and its mask: the output is not read back to pack it.
-    at::Tensor output = at::empty_like(input, at::MemoryFormat::Contiguous);
-    at::Tensor mask = at::empty({relu_mask_words(input.numel())}, input.options().dtype(at::kInt));
-    on_device_of(input, "ReLU input", [&](const auto& backend) {
-      visit_dtype(input.scalar_type(), "ReLU input", [&](auto tag) {
-        using T = decltype(tag);
-        relu_with_mask<T>(backend, const_view<T>(input, "ReLU input"),
-                          mutable_view<T>(output, "ReLU output"),
-                          static_cast<std::uint32_t*>(mask.data_ptr()));
-      });
-    });
+    auto [output, mask] = CacheOps::relu_with_mask(input);
     ctx->save_for_backward({mask});
+    ctx->saved_data["channels_last"] = relu_memory_format(output) == at::MemoryFormat::ChannelsLast;
     return output;
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
-    const at::Tensor dy = grads[0].contiguous();
-    const at::Tensor mask = ctx->get_saved_variables()[0];
-    at::Tensor dx = at::empty_like(dy);
-    on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
-      visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
-        using T = decltype(tag);
-        apply_relu_mask<T>(backend, static_cast<const std::uint32_t*>(mask.data_ptr()),
-                           const_view<T>(dy, "ReLU gradient"), mutable_view<T>(dx, "ReLU dx"));
-      });
-    });
-    return {dx};
+    const bool channels_last = ctx->saved_data["channels_last"].toBool();
+    return {CacheOps::relu_backward(
+        grads[0], ctx->get_saved_variables()[0],
+        channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)};
   }
 };
+
+using LinearFunction = basic_linear_function<direct_cache_ops>;
+using Conv2dFunction = basic_conv2d_function<direct_cache_ops>;
+using ReLUFunction = basic_relu_function<direct_cache_ops>;
 
 }  // namespace dropit::torch

@@ -114,9 +114,11 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
   }
 
   at::Tensor forward(const at::Tensor& input) {
-    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
-      return LinearFunction::apply(input, weight, compat::optional_argument(bias, weight),
+    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
+      return LinearFunction::apply(x, w, compat::optional_argument(b, w),
                                    dropit.spec(-1, calls_++));
+    }
     return at::linear(input, weight, bias);
   }
 
@@ -160,9 +162,11 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
   }
 
   at::Tensor forward(const at::Tensor& input) {
-    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad())
-      return Conv2dFunction::apply(input, weight, compat::optional_argument(bias, weight), params_,
+    if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
+      return Conv2dFunction::apply(x, w, compat::optional_argument(b, w), params_,
                                    dropit.spec(1, calls_++));
+    }
     return at::conv2d(input, weight, bias, torch_pair(params_.stride), torch_pair(params_.padding),
                       torch_pair(params_.dilation), params_.groups);
   }

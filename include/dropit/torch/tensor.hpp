@@ -321,6 +321,66 @@ inline at::Tensor densify(const saved_cache& cache) {
   return out;
 }
 
+/// The memory format a ReLU keeps: channels-last for a 4-D tensor stored that way, else contiguous.
+inline at::MemoryFormat relu_memory_format(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast)
+             ? at::MemoryFormat::ChannelsLast
+             : at::MemoryFormat::Contiguous;
+}
+
+/// A tensor of dtype `T` stored densely (in any memory format), as a view of its elements in
+/// memory order.
+template <class T>
+requires storage_type<std::remove_const_t<T>>
+tensor_view<T> memory_order_view(const at::Tensor& t) {
+  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), dropit::shape{t.numel()}};
+}
+
+/// ReLU of `input` and the 1-bit mask of where its output is positive, in one pass. A channels-last
+/// input gives a channels-last output (the mask follows memory order); any other layout is read
+/// as a contiguous copy.
+inline std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
+  dropit::detail::expect(input.defined(), "ReLU input is an undefined tensor");
+  element_type_of_dtype(input.scalar_type(), "ReLU input");
+  const at::Tensor x = input.contiguous(relu_memory_format(input));
+  at::Tensor output = at::empty_like(x, relu_memory_format(x));
+  at::Tensor mask = at::empty({relu_mask_words(x.numel())}, x.options().dtype(at::kInt));
+  on_device_of(x, "ReLU input", [&](const auto& backend) {
+    visit_dtype(x.scalar_type(), "ReLU input", [&](auto tag) {
+      using T = decltype(tag);
+      dropit::relu_with_mask<T>(backend, memory_order_view<const T>(x),
+                                memory_order_view<T>(output),
+                                static_cast<std::uint32_t*>(mask.data_ptr()));
+    });
+  });
+  return {output, mask};
+}
+
+/// The input gradient of a ReLU from its output gradient `dy` and the mask `relu_with_mask` saved;
+/// `dy` is read in the memory format of the output the mask was taken of.
+inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask,
+                                at::MemoryFormat format) {
+  dropit::detail::expect(dy_any.defined(), "ReLU gradient is an undefined tensor");
+  const at::Tensor dy = dy_any.contiguous(format);
+  dropit::detail::expect(mask.scalar_type() == at::kInt && mask.is_contiguous() &&
+                             mask.numel() == relu_mask_words(dy.numel()) &&
+                             mask.device() == dy.device(),
+                         "ReLU mask of ", mask.numel(), " ", c10::toString(mask.scalar_type()),
+                         " words on ", mask.device().str(), " does not fit a gradient of shape ",
+                         shape_of(dy), " on ", dy.device().str(), " (expected ",
+                         relu_mask_words(dy.numel()), " int32 words)");
+  at::Tensor dx = at::empty_like(dy, format);
+  on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
+    visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
+      using T = decltype(tag);
+      apply_relu_mask<T>(backend, static_cast<const std::uint32_t*>(mask.data_ptr()),
+                         memory_order_view<const T>(dy),
+                         memory_order_view<T>(dx));
+    });
+  });
+  return dx;
+}
+
 /// A valid cache on `dz`'s device and of its dtype.
 inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz) {
   cache.validate();
@@ -502,11 +562,13 @@ inline at::Tensor conv2d_input_grad(const at::Tensor& dz, const at::Tensor& weig
                                     at::IntArrayRef input_sizes, const conv2d_params& params) {
   if constexpr (compat::torch_at_least(2, 0)) {
     // The output padding that makes the transposed convolution's output the input's size.
+    const std::vector<std::int64_t> dz_sizes = compat::static_sizes(dz);
+    const std::vector<std::int64_t> weight_sizes = compat::static_sizes(weight);
     std::vector<std::int64_t> output_padding(2);
     for (int axis = 0; axis < 2; ++axis) {
-      const std::int64_t reach = (dz.size(2 + axis) - 1) * params.stride[axis] -
+      const std::int64_t reach = (dz_sizes[2 + axis] - 1) * params.stride[axis] -
                                  2 * params.padding[axis] +
-                                 params.dilation[axis] * (weight.size(2 + axis) - 1) + 1;
+                                 params.dilation[axis] * (weight_sizes[2 + axis] - 1) + 1;
       output_padding[axis] = input_sizes[2 + axis] - reach;
     }
     return at::conv_transpose2d(dz, weight, {}, torch_pair(params.stride),
