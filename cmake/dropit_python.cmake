@@ -4,22 +4,28 @@
 # --no-build-isolation ./python` installs it for users.
 #
 # It is built for python3 on PATH (PyPI's current torch) and for each of
-# DROPIT_PYTHON_EXTRA_EXECUTABLES that imports a torch of another version (by default Debian's
-# /usr/bin/python3 with python3-torch 1.13), so the oldest and the newest supported torch are both
-# compiled and tested. ON when dropit is the top-level project and python3 imports torch; without
-# torch the Python tests report themselves skipped.
+# DROPIT_PYTHON_EXTRA_EXECUTABLES (none by default) that imports a torch of another supported
+# version. The package needs torch >= 2.4 (torch.library's fake kernels and opcheck): ON when
+# dropit is the top-level project and python3 imports such a torch; without torch the Python tests
+# report themselves skipped.
 
 find_program(DROPIT_PYTHON_EXECUTABLE NAMES python3 python
              DOC "Python that builds and tests dropit's Python package")
-set(DROPIT_PYTHON_EXTRA_EXECUTABLES /usr/bin/python3 CACHE STRING
+set(DROPIT_PYTHON_EXTRA_EXECUTABLES "" CACHE STRING
     "More Pythons whose torch the package is also built and tested against (when they import a torch of another version)")
+set(DROPIT_PYTHON_MIN_TORCH 2.4)
 
-# Sets <out>_VERSION to the torch version `python` imports ("" when it cannot).
+# Sets <out>_VERSION to the torch version `python` imports ("" when it cannot, or when that torch
+# is older than the package supports).
 function(_dropit_probe_torch python out)
   execute_process(COMMAND ${python} -c "import torch; print(torch.__version__.split('+')[0])"
                   RESULT_VARIABLE status OUTPUT_VARIABLE version ERROR_QUIET
                   OUTPUT_STRIP_TRAILING_WHITESPACE)
   if(NOT status EQUAL 0)
+    set(version "")
+  elseif(version VERSION_LESS DROPIT_PYTHON_MIN_TORCH)
+    message(STATUS "dropit: ${python} imports torch ${version}; the Python package needs torch >= "
+                   "${DROPIT_PYTHON_MIN_TORCH}, so it is not built for it")
     set(version "")
   endif()
   set(${out}_VERSION "${version}" PARENT_SCOPE)
@@ -47,7 +53,8 @@ function(_dropit_add_python_build python torch_version)
   set(base ${PROJECT_BINARY_DIR}/python/${tag})
   file(GLOB_RECURSE inputs CONFIGURE_DEPENDS
        ${PROJECT_SOURCE_DIR}/python/dropit/*.py ${PROJECT_SOURCE_DIR}/python/src/*.cpp
-       ${PROJECT_SOURCE_DIR}/python/src/*.cu ${PROJECT_SOURCE_DIR}/include/dropit/*.hpp
+       ${PROJECT_SOURCE_DIR}/python/src/*.cu ${PROJECT_SOURCE_DIR}/python/src/*.hpp
+       ${PROJECT_SOURCE_DIR}/include/dropit/*.hpp
        ${PROJECT_SOURCE_DIR}/include/dropit/*.cuh ${PROJECT_SOURCE_DIR}/include/dropit/*.cu)
   # setup.py keeps its objects under <base>/build, so a rebuild recompiles only on change. torch
   # compiles with ninja, which must not see make's jobserver flags (it cannot use them).
@@ -69,7 +76,8 @@ endfunction()
 if(DROPIT_BUILD_PYTHON)
   if(NOT DROPIT_PYTHON_HAS_TORCH)
     message(FATAL_ERROR "DROPIT_BUILD_PYTHON is ON but '${DROPIT_PYTHON_EXECUTABLE}' cannot import "
-                        "torch; install it (python3 -m pip install torch) or set it OFF")
+                        "torch >= ${DROPIT_PYTHON_MIN_TORCH}; install it (python3 -m pip install "
+                        "torch) or set it OFF")
   endif()
   _dropit_add_python_build(${DROPIT_PYTHON_EXECUTABLE} ${_dropit_main_VERSION})
   foreach(python IN LISTS DROPIT_PYTHON_EXTRA_EXECUTABLES)

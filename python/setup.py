@@ -19,6 +19,12 @@ except ImportError:
     sys.exit("dropit: building the Python package needs PyTorch installed first "
              "(python3 -m pip install torch), then: python3 -m pip install --no-build-isolation ./python")
 
+# torch.library's fake kernels, register_fake and opcheck, which the operators rely on.
+MIN_TORCH = (2, 4)
+if tuple(int(part) for part in re.findall(r"\d+", torch.__version__)[:2]) < MIN_TORCH:
+    sys.exit(f"dropit: the Python package needs torch >= {MIN_TORCH[0]}.{MIN_TORCH[1]}; this "
+             f"Python has torch {torch.__version__} (python3 -m pip install --upgrade torch)")
+
 here = os.path.dirname(os.path.abspath(__file__))
 include_dir = os.path.join(here, os.pardir, "include")
 if not os.path.isfile(os.path.join(include_dir, "dropit", "torch.hpp")):
@@ -49,14 +55,15 @@ def build_with_cuda():
 
 
 # C++20 for the library; OpenMP for its CPU backend (results do not depend on it); hidden
-# visibility, as pybind11 expects of the types it binds.
-cxx_flags = ["-std=c++20", "-O3", "-fopenmp", "-fvisibility=hidden"]
+# visibility, as pybind11 expects of the types it binds; no debug information (Python's own flags
+# ask for it, and it doubles the time to compile against torch's headers).
+cxx_flags = ["-std=c++20", "-O3", "-g0", "-fopenmp", "-fvisibility=hidden"]
 common = dict(name="dropit._C", include_dirs=[include_dir], extra_link_args=["-fopenmp"])
 if build_with_cuda():
     # Architectures: TORCH_CUDA_ARCH_LIST when set, else Ampere and Hopper.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     extension = CUDAExtension(
-        sources=["src/dropit_ext.cpp", "src/cuda_instances.cu"],
+        sources=["src/dropit_ext.cpp", "src/operators.cpp", "src/cuda_instances.cu"],
         define_macros=[("DROPIT_TORCH_CUDA", "1")],
         # The CUDA backend's linear weight gradient calls cuBLAS (the one torch loads at run time).
         libraries=["cublas"],
@@ -71,7 +78,7 @@ if build_with_cuda():
         **common,
     )
 else:
-    extension = CppExtension(sources=["src/dropit_ext.cpp"], extra_compile_args=cxx_flags, **common)
+    extension = CppExtension(sources=["src/dropit_ext.cpp", "src/operators.cpp"], extra_compile_args=cxx_flags, **common)
 
 setup(
     name="dropit",

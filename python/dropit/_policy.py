@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass
 
+import torch
+
 from . import _C
 
 POLICIES = ("chunked_min_k", "min_k", "random")
@@ -30,10 +32,29 @@ class Policy:
     rescale: bool = False
 
     def __post_init__(self):
-        self.spec(channel_axis=1, call=0)  # raises ValueError naming any bad field
+        # Raises ValueError naming any bad field.
+        self.arguments(channel_axis=1, call=0, validate=True)
 
-    def spec(self, channel_axis: int, call: int):
-        """The C++ policy of forward call number ``call`` for channels on ``channel_axis``."""
-        return _C.make_spec(self.policy, self.granularity, float(self.gamma), int(self.chunk_size),
-                            int(self.seed) % 2**64, bool(self.rescale), int(channel_axis),
-                            int(call) % 2**64)
+    def arguments(self, channel_axis: int, call: int, validate: bool = False) -> tuple:
+        """The policy arguments of dropit's operators (torch.ops.dropit.*) for forward call number
+        ``call`` of a layer whose channels lie on ``channel_axis``: selection, granularity,
+        channel_axis, gamma, chunk_size, seed, call, rescale. Seed and call travel as the signed
+        64-bit integers with their bits."""
+        arguments = (self.policy, self.granularity, int(channel_axis), float(self.gamma),
+                     int(self.chunk_size), _signed64(int(self.seed)), _signed64(int(call)),
+                     bool(self.rescale))
+        if validate:
+            _C.PolicyArguments(*arguments)
+        return arguments
+
+    def plan(self, shape, dtype: torch.dtype, channel_axis: int) -> dict:
+        """The cache an input of ``shape`` and ``dtype`` gets: kept count, position_words, bytes,
+        encoding and the packed layout."""
+        return _C.plan([int(d) for d in shape], str(dtype).replace("torch.", ""),
+                       _C.PolicyArguments(*self.arguments(channel_axis, 0)))
+
+
+def _signed64(value: int) -> int:
+    """The signed 64-bit integer with the bits of ``value`` modulo 2**64."""
+    value %= 2**64
+    return value - 2**64 if value >= 2**63 else value

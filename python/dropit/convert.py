@@ -133,8 +133,8 @@ def _measure_inputs(model: nn.Module, example_input, report: ConvertReport):
                 x = module._padded(x if x.dim() == 4 else x.unsqueeze(0))[0]  # what it caches
             if layer.input_shape is None:
                 layer.input_shape = tuple(x.shape)
-                spec = module.dropit_policy.spec(channel_axis=module._channel_axis, call=0)
-                layer.cache_bytes = _C.planned_bytes(spec, x)
+                layer.cache_bytes = module.dropit_policy.plan(x.shape, x.dtype,
+                                                              module._channel_axis)["bytes"]
                 layer.dense_bytes = x.numel() * x.element_size()
 
         hooks.append(module.register_forward_pre_hook(record))

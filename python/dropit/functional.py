@@ -1,9 +1,10 @@
 """dropit's operations as functions on tensors.
 
-``linear``, ``conv2d`` and ``relu`` are autograd functions of the C++ library (recorded by torch's
-autograd like its own operations): linear and conv2d save a compact cache of their input for the
-weight gradient, relu saves a 1-bit mask instead of its output. Without gradients (``torch.no_grad``,
-or a weight that needs none) they are torch's own dense operations. ``compress`` and ``densify``
+``linear``, ``conv2d`` and ``relu`` are dropit's operators (``torch.ops.dropit.*``, registered with
+torch's dispatcher, so torch.compile traces them whole): linear and conv2d save a compact cache of
+their input for the weight gradient, relu saves a 1-bit mask instead of its output. Without
+gradients (``torch.no_grad``, or a weight that needs none) they are torch's own dense operations.
+Under autocast they run in the autocast dtype, their cache included. ``compress`` and ``densify``
 expose the cache itself.
 """
 
@@ -12,8 +13,7 @@ from typing import Optional, Sequence, Union
 import torch
 import torch.nn.functional as F
 
-from . import _C
-from ._compat import autocast_dtype
+from . import _C, _operators  # noqa: F401  (_operators: the operators' fake kernels)
 from ._policy import Policy
 
 __all__ = ["Cache", "compress", "conv2d", "densify", "linear", "relu"]
@@ -22,6 +22,8 @@ __all__ = ["Cache", "compress", "conv2d", "densify", "linear", "relu"]
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # The devices this build of the library takes.
 _DEVICES = ("cpu", "cuda") if _C.built_with_cuda else ("cpu",)
+
+_ops = torch.ops.dropit
 
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
@@ -34,29 +36,8 @@ def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
     return Policy(**fields)
 
 
-def _autocast(tensors, device_type: str):
-    """Casts the floating-point tensors as autocast would before a linear or conv2d."""
-    dtype = autocast_dtype(device_type)
-    if dtype is None:
-        return tensors
-    return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
-
-
 def _caches(weight: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and weight.requires_grad
-
-
-def _linear(input, weight, bias, spec):
-    """The layer's path: `spec` is the C++ policy of this forward call."""
-    input, weight, bias = _autocast([input, weight, bias], input.device.type)
-    # A drop-in layer accepts any strides; the cache is built from a contiguous copy when needed.
-    return _C.linear(input.contiguous(), weight, bias, spec)
-
-
-def _conv2d(input, weight, bias, stride, padding, dilation, groups, spec):
-    input, weight, bias = _autocast([input, weight, bias], input.device.type)
-    return _C.conv2d(input.contiguous(), weight, bias, list(stride), list(padding), list(dilation),
-                     int(groups), spec)
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -69,7 +50,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     chosen = _policy_of(dropit_policy, policy_fields)
     if not _caches(weight):
         return F.linear(input, weight, bias)
-    return _linear(input, weight, bias, chosen.spec(channel_axis=-1, call=call))
+    return _ops.linear(input, weight, bias, *chosen.arguments(channel_axis=-1, call=call))
 
 
 def _pair(value, name) -> tuple:
@@ -96,8 +77,8 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         dilation, "dilation")
     if not _caches(weight):
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
-    return _conv2d(input, weight, bias, stride, padding, dilation, groups,
-                   chosen.spec(channel_axis=1, call=call))
+    return _ops.conv2d(input, weight, bias, stride, padding, dilation, int(groups),
+                       *chosen.arguments(channel_axis=1, call=call))
 
 
 def relu(input: torch.Tensor) -> torch.Tensor:
@@ -108,7 +89,7 @@ def relu(input: torch.Tensor) -> torch.Tensor:
         return F.relu(input)
     if input.dtype not in SUPPORTED_DTYPES or input.device.type not in _DEVICES:
         return F.relu(input)
-    return _C.relu(input.contiguous())
+    return _ops.relu(input)
 
 
 class Cache:
@@ -135,10 +116,13 @@ def compress(input: torch.Tensor, dropit_policy: Optional[Policy] = None, *, cha
              call: int = 0, **policy_fields) -> Cache:
     """The cache a dropit layer would save of ``input`` (``channel_axis`` matters for channel
     granularity: 1 for NCHW activations, -1 for a linear layer's input)."""
-    spec = _policy_of(dropit_policy, policy_fields).spec(channel_axis=channel_axis, call=call)
-    return Cache(*_C.compress(input, spec))
+    arguments = _policy_of(dropit_policy, policy_fields).arguments(channel_axis, call)
+    values, positions = _ops.compress(input, *arguments)
+    plan = _C.plan([int(d) for d in input.shape], str(input.dtype).replace("torch.", ""),
+                   _C.PolicyArguments(*arguments))
+    return Cache(values, positions, plan["layout"])
 
 
 def densify(cache: Cache) -> torch.Tensor:
     """The dense tensor ``cache`` stands for: kept values in place, zeros elsewhere."""
-    return _C.densify(cache.values, cache.positions, cache.layout)
+    return _ops.densify(cache.values, cache.positions, cache.layout)

@@ -27,7 +27,7 @@ class _CachingLayer:
 
     def _init_dropit(self, dropit_policy: Optional[Policy], fields: dict):
         self.dropit_policy = functional._policy_of(dropit_policy, fields)
-        self._dropit_calls = 0
+        self._dropit_arguments = self.dropit_policy.arguments(self._channel_axis, 0)
 
     def _caches(self) -> bool:
         if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad):
@@ -38,11 +38,16 @@ class _CachingLayer:
                                "model in eval mode")
         return True
 
-    def _next_spec(self):
-        # Random selection draws afresh on every call, as the C++ layers do.
-        spec = self.dropit_policy.spec(channel_axis=self._channel_axis, call=self._dropit_calls)
-        self._dropit_calls += 1
-        return spec
+    def _call(self, operator, *arguments):
+        """``operator`` (torch.ops.dropit.linear or conv2d) on ``arguments`` and the policy.
+        Random selection draws afresh on every call: a key from torch's CPU generator, as dropout
+        draws its mask, so torch.compile traces the draw (one graph for every step) and
+        torch.utils.checkpoint, which restores the generator, recomputes the positions first
+        drawn. The other policies do not depend on the call."""
+        if self.dropit_policy.policy != "random":
+            return operator(*arguments, *self._dropit_arguments)
+        key = torch.randint(2**62, (), dtype=torch.int64, device="cpu")
+        return operator(*arguments, *self._dropit_arguments, key)
 
     @classmethod
     def from_dense(cls, dense: nn.Module, dropit_policy: Optional[Policy] = None, **fields):
@@ -75,7 +80,7 @@ class Linear(_CachingLayer, nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._caches():
             return F.linear(input, self.weight, self.bias)
-        return functional._linear(input, self.weight, self.bias, self._next_spec())
+        return self._call(functional._ops.linear, input, self.weight, self.bias)
 
 
 class Conv2d(_CachingLayer, nn.Conv2d):
@@ -115,8 +120,8 @@ class Conv2d(_CachingLayer, nn.Conv2d):
         if input.dim() == 3:  # unbatched [C, H, W], as torch accepts
             return self.forward(input.unsqueeze(0)).squeeze(0)
         input, padding = self._padded(input)
-        return functional._conv2d(input, self.weight, self.bias, self.stride, padding,
-                                  self.dilation, self.groups, self._next_spec())
+        return self._call(functional._ops.conv2d, input, self.weight, self.bias, self.stride,
+                          padding, self.dilation, self.groups)
 
 
 class ReLU(nn.ReLU):

@@ -119,7 +119,7 @@ def test_work_runs_on_torchs_current_stream():
 def test_cache_and_gradient_on_different_devices_are_refused():
     cache = dropit.functional.compress(torch.randn(8, 16), gamma=0.5)
     with pytest.raises(ValueError, match="cache is on cpu but dZ on cuda"):
-        dropit._C.linear_weight_grad(cache.values, cache.positions, cache.layout,
+        torch.ops.dropit.linear_weight_grad(cache.values, cache.positions, cache.layout,
                                      torch.randn(8, 4, device="cuda"))
 
 

@@ -1,6 +1,7 @@
 """Data-parallel training with torch.distributed (Gloo, two processes on this machine) over a
-dropit-converted model: one DDP step's averaged weight gradient equals the single-process gradient
-of the same dropit model on the concatenated batch, and the ranks stay in sync while training.
+dropit-converted model, with DistributedDataParallel and with FSDP2 (fully_shard): one step's
+averaged weight gradient equals the single-process gradient of the same dropit model on the
+concatenated batch, and the ranks stay in sync while training.
 
 The per-rank gradients can only match the concatenated-batch ones if both select the same
 elements: chunked min-k decides per chunk of the flattened input, so every converted layer's
@@ -11,6 +12,7 @@ import os
 import socket
 import tempfile
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -40,17 +42,41 @@ def data():
     return x, y
 
 
-def worker(rank, port, out_dir):
+def fully_shard_or_none():
+    """FSDP2's fully_shard where this torch has it (public from 2.6)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        return None
+    return fully_shard
+
+
+def wrap(model, wrapper):
+    if wrapper == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    fully_shard = fully_shard_or_none()
+    for layer in model:
+        if isinstance(layer, (dropit.nn.Linear, dropit.nn.Conv2d)):
+            fully_shard(layer)
+    return fully_shard(model)
+
+
+def full(tensor):
+    """A whole tensor from a sharded one (FSDP2's DTensor) or itself."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def worker(rank, port, out_dir, wrapper):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        model = nn.parallel.DistributedDataParallel(make_model())
+        model = wrap(make_model(), wrapper)
         x, y = data()
         mine = slice(rank * BATCH, (rank + 1) * BATCH)
         loss_fn = nn.CrossEntropyLoss()
         loss_fn(model(x[mine]), y[mine]).backward()
-        first_grads = [p.grad.clone() for p in model.parameters()]
+        first_grads = [full(p.grad).clone() for p in model.parameters()]
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
         losses = []
         for _ in range(5):
@@ -59,7 +85,7 @@ def worker(rank, port, out_dir):
             loss = loss_fn(model(x[mine]), y[mine])
             loss.backward()
             losses.append(loss.item())
-        params = [p.detach().clone() for p in model.parameters()]
+        params = [full(p.detach()).clone() for p in model.parameters()]
         torch.save({"grads": first_grads, "params": params, "losses": losses},
                    os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
@@ -72,9 +98,12 @@ def free_port():
         return s.getsockname()[1]
 
 
-def test_ddp_gradient_equals_single_process_gradient_on_the_whole_batch():
+@pytest.mark.parametrize("wrapper", ["ddp", "fsdp2"])
+def test_data_parallel_gradient_equals_single_process_gradient_on_the_whole_batch(wrapper):
+    if wrapper == "fsdp2" and fully_shard_or_none() is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.distributed.fsdp.fully_shard (FSDP2)")
     with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(worker, args=(free_port(), out_dir), nprocs=WORLD, join=True)
+        mp.spawn(worker, args=(free_port(), out_dir, wrapper), nprocs=WORLD, join=True)
         ranks = [torch.load(os.path.join(out_dir, f"rank{r}.pt")) for r in range(WORLD)]
 
     model = make_model()
@@ -83,6 +112,6 @@ def test_ddp_gradient_equals_single_process_gradient_on_the_whole_batch():
     for (name, p), ddp_grad in zip(model.named_parameters(), ranks[0]["grads"]):
         torch.testing.assert_close(ddp_grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
     for a, b in zip(ranks[0]["params"], ranks[1]["params"]):
-        assert torch.equal(a, b)  # DDP keeps the replicas identical
+        assert torch.equal(a, b)  # the replicas stay identical
     for rank in ranks:
         assert rank["losses"][-1] < rank["losses"][0]

@@ -1,0 +1,368 @@
+// dropit's operations registered with torch's dispatcher, in the namespace `dropit`
+// (torch.ops.dropit.*), so that torch.compile, its partitioner, selective activation
+// checkpointing, CUDA graphs and torch.library.opcheck see them as operators. Every kernel is a
+// LibTorch adapter of include/dropit/torch; nothing here computes.
+//
+// - compress, densify, linear_weight_grad, conv2d_weight_grad, relu_with_mask, relu_backward:
+//   one kernel for CPU and CUDA (the adapter picks the backend from the tensor's device); their
+//   fake kernels are in python/dropit/_operators.py.
+// - linear, conv2d, relu: the layers. Their autograd kernel is the adapters' autograd function,
+//   whose forward and backward call the operators above through the dispatcher; without gradients
+//   they are torch's own dense operations. linear and conv2d have autocast kernels that cast
+//   their floating-point inputs first, so the cache and dZ have one dtype.
+
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include <dropit/torch.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "policy_arguments.hpp"
+
+namespace dt = dropit::torch;
+
+namespace {
+
+using dropit_python::operator_policy;
+
+/// A dropit::error raised inside an operator surfaces in Python as ValueError, as from the
+/// package's other functions, with the library's message.
+template <class Work>
+decltype(auto) raising_value_errors(Work&& work) {
+  try {
+    return std::forward<Work>(work)();
+  } catch (const dropit::error& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+}
+
+// The policy arguments every caching operator takes, in this order.
+// (They end the schema: call_key has a default; see policy_arguments.hpp.)
+#define DROPIT_POLICY_SCHEMA                                                                  \
+  "str selection, str granularity, int channel_axis, float gamma, int chunk_size, int seed, " \
+  "int call, bool rescale, Tensor? call_key=None"
+#define DROPIT_POLICY_PARAMETERS                                                                 \
+  c10::string_view selection, c10::string_view granularity, std::int64_t channel_axis,           \
+      double gamma, std::int64_t chunk_size, std::int64_t seed, std::int64_t call, bool rescale, \
+      const std::optional<at::Tensor>&call_key
+#define DROPIT_POLICY_OF_PARAMETERS                                                                \
+  operator_policy {                                                                                \
+    std::string(selection), std::string(granularity), channel_axis, gamma, chunk_size, seed, call, \
+        rescale, call_key                                                                          \
+  }
+#define DROPIT_POLICY_ARGUMENTS(p)                                                              \
+  p.selection, p.granularity, p.channel_axis, p.gamma, p.chunk_size, p.seed, p.call, p.rescale, \
+      p.call_key
+#define DROPIT_POLICY_TYPES                                                             \
+  c10::string_view, c10::string_view, std::int64_t, double, std::int64_t, std::int64_t, \
+      std::int64_t, bool, const std::optional<at::Tensor>&
+
+/// The cache of a layout planned by `operator_policy::planning_spec`, the call key mixed into its
+/// seed.
+dt::saved_cache cache_of(const at::Tensor& values, const at::Tensor& positions,
+                         at::IntArrayRef layout, const std::optional<at::Tensor>& call_key) {
+  dt::saved_cache cache;
+  cache.values = values;
+  cache.positions = positions;
+  cache.layout =
+      dropit_python::with_call_key(dt::saved_cache::unpack_layout(layout.vec()), call_key);
+  return cache;
+}
+
+// --- the cache operations' kernels (CPU and CUDA) ---------------------------------------------
+
+std::tuple<at::Tensor, at::Tensor> compress_kernel(const at::Tensor& input,
+                                                   DROPIT_POLICY_PARAMETERS) {
+  return raising_value_errors([&] {
+    // A layer that reads an activation another layer just compressed under the same policy shares
+    // that cache (compress_for_layer); any strides are taken, through a contiguous copy.
+    const dt::saved_cache cache =
+        dt::compress_for_layer(input.contiguous(), DROPIT_POLICY_OF_PARAMETERS.spec());
+    return std::make_tuple(cache.values, cache.positions);
+  });
+}
+
+at::Tensor densify_kernel(const at::Tensor& values, const at::Tensor& positions,
+                          at::IntArrayRef layout, const std::optional<at::Tensor>& call_key) {
+  return raising_value_errors(
+      [&] { return dt::densify(cache_of(values, positions, layout, call_key)); });
+}
+
+at::Tensor linear_weight_grad_kernel(const at::Tensor& values, const at::Tensor& positions,
+                                     at::IntArrayRef layout, const at::Tensor& dz,
+                                     c10::string_view path,
+                                     const std::optional<at::Tensor>& call_key) {
+  return raising_value_errors([&] {
+    return dt::linear_weight_grad(cache_of(values, positions, layout, call_key), dz.contiguous(),
+                                  dt::weight_grad_path_from_name(path));
+  });
+}
+
+at::Tensor conv2d_weight_grad_kernel(const at::Tensor& values, const at::Tensor& positions,
+                                     at::IntArrayRef layout, const at::Tensor& dz,
+                                     at::IntArrayRef weight_size, at::IntArrayRef stride,
+                                     at::IntArrayRef padding, at::IntArrayRef dilation,
+                                     std::int64_t groups, c10::string_view path,
+                                     const std::optional<at::Tensor>& call_key) {
+  return raising_value_errors([&] {
+    return dt::conv2d_weight_grad(cache_of(values, positions, layout, call_key), dz.contiguous(),
+                                  weight_size,
+                                  dt::conv2d_params_of(stride, padding, dilation, groups),
+                                  dt::weight_grad_path_from_name(path));
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> relu_with_mask_kernel(const at::Tensor& input) {
+  return raising_value_errors([&] { return dt::relu_with_mask(input); });
+}
+
+at::Tensor relu_backward_kernel(const at::Tensor& grad, const at::Tensor& mask,
+                                bool channels_last) {
+  return raising_value_errors([&] {
+    return dt::relu_backward(
+        grad, mask, channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+  });
+}
+
+// --- the layers' autograd functions, calling the operators above through the dispatcher -------
+
+c10::TypedOperatorHandle<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&,
+                                                            DROPIT_POLICY_PARAMETERS)>
+compress_operator() {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("dropit::compress", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, DROPIT_POLICY_TYPES)>();
+  return handle;
+}
+
+}  // namespace
+
+namespace dropit_python {
+
+/// A cache made by the compress operator, with its call key (random selection regenerates its
+/// positions from it in backward).
+struct operator_cache : dt::saved_cache {
+  at::Tensor call_key;
+
+  std::optional<at::Tensor> key() const {
+    return call_key.defined() ? std::optional<at::Tensor>(call_key) : std::nullopt;
+  }
+};
+
+/// The cache operations of the layers' autograd functions, through torch's dispatcher.
+struct operator_cache_ops {
+  using policy_type = operator_policy;
+  using cache_type = operator_cache;
+
+  static operator_cache compress(const at::Tensor& input, const operator_policy& policy) {
+    operator_cache cache;
+    std::tie(cache.values, cache.positions) =
+        compress_operator().call(input, DROPIT_POLICY_ARGUMENTS(policy));
+    // The layout follows from the policy, shape and dtype: the kernel planned the same (with the
+    // call key, which the operators reading the cache add).
+    cache.layout =
+        dropit::plan_cache(policy.planning_spec(), dropit::shape(dt::compat::static_sizes(input)),
+                           dt::element_type_of_dtype(input.scalar_type(), "input"));
+    if (policy.call_key) cache.call_key = *policy.call_key;
+    return cache;
+  }
+  static void save(::torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
+                   const operator_cache* cache) {
+    dt::detail::save_weight_and_cache(ctx, weight, cache, cache ? cache->call_key : at::Tensor());
+  }
+  static operator_cache load(::torch::autograd::AutogradContext* ctx,
+                             const ::torch::autograd::variable_list& saved) {
+    operator_cache cache;
+    static_cast<dt::saved_cache&>(cache) = dt::detail::load_cache(ctx, saved);
+    if (saved.size() == 4) cache.call_key = saved[3];
+    return cache;
+  }
+  static at::Tensor densify(const operator_cache& cache) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("dropit::densify", "")
+                               .typed<decltype(densify_kernel)>();
+    return op.call(cache.values, cache.positions, cache.packed_layout(), cache.key());
+  }
+  static at::Tensor linear_weight_grad(const operator_cache& cache, const at::Tensor& dz) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("dropit::linear_weight_grad", "")
+                               .typed<decltype(linear_weight_grad_kernel)>();
+    return op.call(cache.values, cache.positions, cache.packed_layout(), dz, "auto", cache.key());
+  }
+  static at::Tensor conv2d_weight_grad(const operator_cache& cache, const at::Tensor& dz,
+                                       at::IntArrayRef weight_size,
+                                       const dropit::conv2d_params& params) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("dropit::conv2d_weight_grad", "")
+                               .typed<decltype(conv2d_weight_grad_kernel)>();
+    return op.call(cache.values, cache.positions, cache.packed_layout(), dz, weight_size,
+                   dt::torch_pair(params.stride), dt::torch_pair(params.padding),
+                   dt::torch_pair(params.dilation), params.groups, "sparse", cache.key());
+  }
+  static std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("dropit::relu_with_mask", "")
+                               .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>();
+    return op.call(input);
+  }
+  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask,
+                                  at::MemoryFormat format) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("dropit::relu_backward", "")
+                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>();
+    return op.call(dy, mask, format == at::MemoryFormat::ChannelsLast);
+  }
+};
+
+}  // namespace dropit_python
+
+namespace {
+
+using dropit_python::operator_cache_ops;
+
+bool caches(const at::Tensor& weight) {
+  return at::GradMode::is_enabled() && weight.requires_grad();
+}
+
+at::Tensor linear_autograd(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, DROPIT_POLICY_PARAMETERS) {
+  if (!caches(weight)) return at::linear(input, weight, bias);
+  return raising_value_errors([&] {
+    return dt::basic_linear_function<operator_cache_ops>::apply(
+        input, weight, dt::compat::optional_argument(bias.value_or(at::Tensor()), weight),
+        DROPIT_POLICY_OF_PARAMETERS);
+  });
+}
+
+at::Tensor conv2d_autograd(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                           DROPIT_POLICY_PARAMETERS) {
+  if (!caches(weight)) return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
+  return raising_value_errors([&] {
+    return dt::basic_conv2d_function<operator_cache_ops>::apply(
+        input, weight, dt::compat::optional_argument(bias.value_or(at::Tensor()), weight),
+        dt::conv2d_params_of(stride, padding, dilation, groups), DROPIT_POLICY_OF_PARAMETERS);
+  });
+}
+
+at::Tensor relu_autograd(const at::Tensor& input) {
+  const bool supported = input.scalar_type() == at::kFloat || input.scalar_type() == at::kHalf ||
+                         input.scalar_type() == at::kBFloat16;
+  if (!(at::GradMode::is_enabled() && input.requires_grad() && supported)) return at::relu(input);
+  return raising_value_errors(
+      [&] { return dt::basic_relu_function<operator_cache_ops>::apply(input); });
+}
+
+// Without autograd (inference mode, below the autograd key): torch's own dense operations.
+at::Tensor linear_dense(const at::Tensor& input, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias, DROPIT_POLICY_PARAMETERS) {
+  return at::linear(input, weight, bias);
+}
+at::Tensor conv2d_dense(const at::Tensor& input, const at::Tensor& weight,
+                        const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                        DROPIT_POLICY_PARAMETERS) {
+  return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
+}
+at::Tensor relu_dense(const at::Tensor& input) { return at::relu(input); }
+
+// --- autocast: the layer runs in the autocast dtype, its cache included ------------------------
+
+template <c10::DeviceType device>
+at::Tensor cast(const at::Tensor& t) {
+  return at::autocast::cached_cast(at::autocast::get_autocast_dtype(device), t, device);
+}
+template <c10::DeviceType device>
+std::optional<at::Tensor> cast(const std::optional<at::Tensor>& t) {
+  return t ? std::optional<at::Tensor>(cast<device>(*t)) : std::nullopt;
+}
+
+template <c10::DeviceType device>
+at::Tensor linear_autocast(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, DROPIT_POLICY_PARAMETERS) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("dropit::linear", "")
+                             .typed<decltype(linear_dense)>();
+  return op.call(cast<device>(input), cast<device>(weight), cast<device>(bias), selection,
+                 granularity, channel_axis, gamma, chunk_size, seed, call, rescale, call_key);
+}
+
+template <c10::DeviceType device>
+at::Tensor conv2d_autocast(const at::Tensor& input, const at::Tensor& weight,
+                           const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                           at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                           DROPIT_POLICY_PARAMETERS) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("dropit::conv2d", "")
+                             .typed<decltype(conv2d_dense)>();
+  return op.call(cast<device>(input), cast<device>(weight), cast<device>(bias), stride, padding,
+                 dilation, groups, selection, granularity, channel_axis, gamma, chunk_size, seed,
+                 call, rescale, call_key);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(dropit, m) {
+  m.def("compress(Tensor input, " DROPIT_POLICY_SCHEMA ") -> (Tensor values, Tensor positions)");
+  m.def(
+      "densify(Tensor values, Tensor positions, int[] layout, Tensor? call_key=None) "
+      "-> Tensor");
+  m.def(
+      "linear_weight_grad(Tensor values, Tensor positions, int[] layout, Tensor dz, "
+      "str path=\"auto\", Tensor? call_key=None) -> Tensor");
+  m.def(
+      "conv2d_weight_grad(Tensor values, Tensor positions, int[] layout, Tensor dz, "
+      "int[] weight_size, int[] stride, int[] padding, int[] dilation, int groups, "
+      "str path=\"auto\", Tensor? call_key=None) -> Tensor");
+  m.def("relu_with_mask(Tensor input) -> (Tensor output, Tensor mask)");
+  m.def("relu_backward(Tensor grad, Tensor mask, bool channels_last) -> Tensor");
+  m.def("linear(Tensor input, Tensor weight, Tensor? bias, " DROPIT_POLICY_SCHEMA ") -> Tensor");
+  m.def(
+      "conv2d(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "
+      "int[] dilation, int groups, " DROPIT_POLICY_SCHEMA ") -> Tensor");
+  m.def("relu(Tensor input) -> Tensor");
+}
+
+// The adapters pick the backend from the tensor's device, so CPU and CUDA share one kernel each.
+#define DROPIT_REGISTER_CACHE_KERNELS(m)                    \
+  m.impl("compress", &compress_kernel);                     \
+  m.impl("densify", &densify_kernel);                       \
+  m.impl("linear_weight_grad", &linear_weight_grad_kernel); \
+  m.impl("conv2d_weight_grad", &conv2d_weight_grad_kernel); \
+  m.impl("relu_with_mask", &relu_with_mask_kernel);         \
+  m.impl("relu_backward", &relu_backward_kernel)
+
+TORCH_LIBRARY_IMPL(dropit, CPU, m) { DROPIT_REGISTER_CACHE_KERNELS(m); }
+#if defined(DROPIT_TORCH_CUDA)
+TORCH_LIBRARY_IMPL(dropit, CUDA, m) { DROPIT_REGISTER_CACHE_KERNELS(m); }
+#endif
+
+TORCH_LIBRARY_IMPL(dropit, CompositeExplicitAutograd, m) {
+  m.impl("linear", &linear_dense);
+  m.impl("conv2d", &conv2d_dense);
+  m.impl("relu", &relu_dense);
+}
+
+TORCH_LIBRARY_IMPL(dropit, Autograd, m) {
+  m.impl("linear", &linear_autograd);
+  m.impl("conv2d", &conv2d_autograd);
+  m.impl("relu", &relu_autograd);
+}
+
+TORCH_LIBRARY_IMPL(dropit, AutocastCPU, m) {
+  m.impl("linear", &linear_autocast<c10::DeviceType::CPU>);
+  m.impl("conv2d", &conv2d_autocast<c10::DeviceType::CPU>);
+}
+TORCH_LIBRARY_IMPL(dropit, AutocastCUDA, m) {
+  m.impl("linear", &linear_autocast<c10::DeviceType::CUDA>);
+  m.impl("conv2d", &conv2d_autocast<c10::DeviceType::CUDA>);
+}

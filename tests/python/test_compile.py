@@ -1,0 +1,164 @@
+"""A converted model under torch.compile(fullgraph=True): no graph break, dropit's operators in the
+graphs the partitioner sees, gradients equal to dense at gamma 0 and to eager dropit at gamma 0.9;
+and selective activation checkpointing that names dropit's operators."""
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
+                                    create_selective_checkpoint_contexts)
+
+import dropit
+
+ops = torch.ops.dropit
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(2), nn.Flatten(),
+        nn.Linear(32, 10))
+
+
+def gradients(model, x, target):
+    for p in model.parameters():
+        p.grad = None
+    nn.functional.cross_entropy(model(x), target).backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def batch(device, channels_last=False):
+    x = torch.randn(4, 3, 12, 12, device=device)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    return x, torch.randint(0, 10, (4,), device=device)
+
+
+class GraphRecorder:
+    """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward
+    graphs, then runs them as AOTAutograd compiled them (no code generation: fast)."""
+
+    def __init__(self):
+        from torch._dynamo.backends.common import aot_autograd
+        self.graphs = {"dynamo": [], "forward": [], "backward": []}
+
+        def keep(kind):
+            def compiler(gm, example_inputs):
+                self.graphs[kind].append(gm)
+                return gm.forward
+            return compiler
+
+        self._aot = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+
+    def __call__(self, gm, example_inputs):
+        self.graphs["dynamo"].append(gm)
+        return self._aot(gm, example_inputs)
+
+    def targets(self, kind):
+        """The operators the graphs of `kind` call, named as in "dropit.compress"."""
+        return {str(node.target).removesuffix(".default") for gm in self.graphs[kind]
+                for node in gm.graph.nodes if node.op == "call_function"}
+
+
+def test_the_partitioner_sees_dropit_operators():
+    model = small_cnn()
+    dropit.convert(model, gamma=0.9, skip_first=False)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    x, target = batch("cpu")
+    gradients(compiled, x, target)
+    assert len(recorder.graphs["dynamo"]) == 1  # one graph: no break
+    assert {"dropit.conv2d", "dropit.linear", "dropit.relu"} <= recorder.targets("dynamo")
+    forward, backward = recorder.targets("forward"), recorder.targets("backward")
+    assert {"dropit.compress", "dropit.relu_with_mask"} <= forward
+    assert {"dropit.relu_backward", "dropit.linear_weight_grad"} <= backward
+    assert backward & {"dropit.conv2d_weight_grad", "dropit.densify"}
+
+
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nchw", "channels_last"])
+def test_compiled_with_inductor_gamma_zero_equals_dense(channels_last):
+    dense = small_cnn()
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.0, skip_first=False)
+    if channels_last:
+        dense, model = dense.to(memory_format=torch.channels_last), model.to(
+            memory_format=torch.channels_last)
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    x, target = batch("cpu", channels_last)
+    for _ in range(2):  # the second step runs the cached graph
+        actual, expected = gradients(compiled, x, target), gradients(dense, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("policy", [dict(policy="chunked_min_k", chunk_size=256),
+                                    dict(policy="random", chunk_size=256, seed=5)],
+                         ids=["chunked_min_k", "random"])
+def test_compiled_gamma_09_equals_eager_dropit(policy):
+    eager = small_cnn()
+    dropit.convert(eager, gamma=0.9, skip_first=False, **policy)
+    model = copy.deepcopy(eager)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    for step in range(4):  # random selection draws afresh each step, in both
+        x, target = batch("cpu")
+        torch.manual_seed(100 + step)
+        actual = gradients(compiled, x, target)
+        torch.manual_seed(100 + step)
+        expected = gradients(eager, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert len(recorder.graphs["dynamo"]) == 1  # compiled once, not every step
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device: CUDA graphs (mode='reduce-overhead') are not tested")
+def test_cuda_graphs_gamma_zero_equals_dense():
+    dense = small_cnn().cuda()
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.0, skip_first=False)
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up, record, replay
+        x, target = batch("cuda")
+        actual, expected = gradients(compiled, x, target), gradients(dense, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def keep_dropit_caches(ctx, op, *args, **kwargs):
+    """A selective-checkpointing policy: save dropit's compact caches, recompute everything else."""
+    if op in (ops.compress.default, ops.relu_with_mask.default):
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def test_selective_checkpointing_saves_the_caches_and_recomputes_the_rest():
+    def wide():
+        torch.manual_seed(0)
+        return nn.Sequential(*[m for _ in range(3) for m in (nn.Linear(256, 256), nn.GELU())])
+
+    x = torch.randn(128, 256, requires_grad=True)
+    reference = wide()
+    dropit.convert(reference, gamma=0.9, skip_first=False)
+    model = copy.deepcopy(reference)
+    context = functools.partial(create_selective_checkpoint_contexts, keep_dropit_caches)
+    held = {}
+    for name, run in (("plain", lambda: reference(x)),
+                      ("selective", lambda: checkpoint(model, x, use_reentrant=False,
+                                                       context_fn=context))):
+        with dropit.memory.measure("cpu") as m:
+            y = run()
+        held[name] = m.retained_bytes - y.numel() * y.element_size()
+        y.sum().backward()
+    for a, e in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a.grad, e.grad)
+    # The plain model holds each GELU's input and every cache; the checkpointed one the caches only.
+    cache_bytes = sum(dropit.Policy(gamma=0.9).plan((128, 256), torch.float32, -1)["bytes"]
+                      for _ in range(3))
+    gelu_inputs = 3 * 128 * 256 * 4
+    assert held["plain"] >= gelu_inputs + cache_bytes
+    assert held["selective"] <= 1.25 * cache_bytes + 4096

@@ -1,0 +1,125 @@
+"""dropit's registered operators (torch.ops.dropit.*) under torch.library.opcheck: schema,
+autograd registration, fake (meta) kernels against the real ones, and AOT dispatch with static and
+dynamic shapes, for contiguous, channels-last and non-contiguous inputs in every dtype."""
+
+import pytest
+import torch
+from torch.library import opcheck
+
+import dropit
+from cases import DTYPES
+
+ops = torch.ops.dropit
+POLICY = dropit.Policy(gamma=0.75, chunk_size=64)
+RANDOM = dropit.Policy(gamma=0.75, policy="random", chunk_size=64, seed=3)
+CHANNELS = dropit.Policy(gamma=0.5, policy="min_k", granularity="channel")
+
+LAYOUTS = {
+    "contiguous": lambda x: x,
+    "channels_last": lambda x: x.to(memory_format=torch.channels_last),
+    # The same shape in a strided (non-contiguous) layout, read through a copy.
+    "non_contiguous": lambda x: x.transpose(2, 3).contiguous().transpose(2, 3),
+}
+
+
+def check(op, args):
+    results = opcheck(op, args)
+    assert all(result == "SUCCESS" for result in results.values()), results
+
+
+def activation(device, dtype, layout):
+    return LAYOUTS[layout](torch.randn(2, 6, 7, 9, device=device, dtype=dtype))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("policy", [POLICY, RANDOM, CHANNELS], ids=["chunked", "random", "channel"])
+def test_cache_operators(policy, dtype, layout, device):
+    x = activation(device, dtype, layout)
+    arguments = policy.arguments(channel_axis=1, call=5)
+    check(ops.compress, (x, *arguments))
+    values, positions = ops.compress(x, *arguments)
+    layout_words = policy.plan(x.shape, dtype, channel_axis=1)["layout"]
+    check(ops.densify, (values, positions, layout_words))
+    # The weight gradient of a 3x3 convolution over x (padding 1), on both paths.
+    dz = torch.randn(2, 4, 7, 9, device=device, dtype=dtype)
+    for path in ("sparse", "densify"):
+        check(ops.conv2d_weight_grad, (values, positions, layout_words, dz, [4, 6, 3, 3], [1, 1],
+                                       [1, 1], [1, 1], 1, path))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_weight_grad_operator(dtype, device):
+    x = torch.randn(3, 5, 40, device=device, dtype=dtype)
+    arguments = POLICY.arguments(channel_axis=-1, call=0)
+    values, positions = ops.compress(x, *arguments)
+    layout_words = POLICY.plan(x.shape, dtype, channel_axis=-1)["layout"]
+    dz = torch.randn(15, 8, device=device, dtype=dtype)
+    for path in ("sparse", "densify"):
+        check(ops.linear_weight_grad, (values, positions, layout_words, dz, path))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_relu_operators(dtype, layout, device):
+    x = activation(device, dtype, layout)
+    check(ops.relu_with_mask, (x,))
+    output, mask = ops.relu_with_mask(x)
+    channels_last = layout == "channels_last"
+    assert output.is_contiguous(
+        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    check(ops.relu_backward, (torch.randn_like(output), mask, channels_last))
+    check(ops.relu, (x.detach().requires_grad_(),))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_operators(dtype, layout, device):
+    x = activation(device, dtype, layout).requires_grad_()
+    weight = torch.randn(4, 6, 3, 3, device=device, dtype=dtype, requires_grad=True)
+    bias = torch.randn(4, device=device, dtype=dtype, requires_grad=True)
+    check(ops.conv2d, (x, weight, bias, [1, 2], [1, 1], [1, 1], 1,
+                       *POLICY.arguments(channel_axis=1, call=0)))
+    rows = torch.randn(5, 9, device=device, dtype=dtype).t().requires_grad_()  # non-contiguous
+    linear_weight = torch.randn(3, 5, device=device, dtype=dtype, requires_grad=True)
+    check(ops.linear, (rows, linear_weight, None, *POLICY.arguments(channel_axis=-1, call=0)))
+
+
+def test_layers_keep_channels_last(device):
+    conv = dropit.nn.Conv2d(6, 4, 3, padding=1, gamma=0.5).to(device)
+    relu = dropit.nn.ReLU()
+    reference = torch.nn.Conv2d(6, 4, 3, padding=1).to(device)
+    reference.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 6, 7, 9, device=device).to(memory_format=torch.channels_last)
+    y = relu(conv(x.requires_grad_()))
+    assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+    torch.testing.assert_close(y, torch.relu(reference(x)))
+
+
+def test_strided_inputs_give_the_cache_of_their_contiguous_copy():
+    x = torch.randn(6, 40).t()
+    strided, copied = dropit.functional.compress(x, POLICY), dropit.functional.compress(
+        x.contiguous(), POLICY)
+    assert torch.equal(strided.values, copied.values)
+    assert torch.equal(strided.positions, copied.positions)
+
+
+def test_meta_tensors_get_the_planned_cache_shapes():
+    x = torch.empty(3, 5, 40, device="meta")
+    values, positions = ops.compress(x, *POLICY.arguments(channel_axis=-1, call=0))
+    plan = POLICY.plan(x.shape, x.dtype, channel_axis=-1)
+    assert values.device.type == "meta" and values.shape == (plan["kept"],)
+    assert positions.dtype == torch.int32 and positions.shape == (plan["position_words"],)
+    weight = torch.empty(7, 40, device="meta", requires_grad=True)
+    y = dropit.functional.linear(x, weight, gamma=0.75, chunk_size=64)
+    assert y.device.type == "meta" and y.shape == (3, 5, 7)
+
+
+def test_operator_errors_are_value_errors():
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match="gamma"):
+        ops.compress(x, "chunked_min_k", "element", 1, 1.5, 64, 0, 0, False)
+    with pytest.raises(ValueError, match="Double; expected float32"):
+        ops.compress(x.double(), *POLICY.arguments(1, 0))
+    with pytest.raises(ValueError, match="layout"):
+        ops.densify(torch.empty(2), torch.empty(1, dtype=torch.int32), [1, 2, 3])
