@@ -5,8 +5,10 @@
 // ReLU mask, the caller's stream, and bad inputs.
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "cuda_helpers.cuh"
@@ -131,6 +133,43 @@ TEST_CASE("cuda: work on the caller's stream") {
   check_parity(x, {100, 1000}, policy<random_selection, channel_granularity>{{.gamma = 0.5}, {1}},
                gpu);
   CUDA_REQUIRE(cudaStreamDestroy(stream));
+}
+
+// Host threads compressing with different chunk sizes at once: the staged kernel's shared-memory
+// limit is raised once per device, never lowered under another thread's launch.
+TEST_CASE("cuda: concurrent host threads with different chunk sizes") {
+  const std::int64_t n = 4 * 16384 + 5;
+  const auto x = test::nasty_values<float>(n, 21);
+  std::vector<std::thread> threads;
+  std::vector<int> failures(4, 0);
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      cudaStream_t stream = nullptr;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        failures[t] = 1;
+        return;
+      }
+      const cuda_backend gpu{stream};
+      const std::int64_t chunk = t % 2 == 0 ? 16384 : 256;
+      for (int round = 0; round < 20; ++round) {
+        const policy<chunked_min_k_selection> p{{0.9, chunk}};
+        const auto want = compress(serial, p, test::view_of(x, {n}));
+        const device_buffer<float> input(x);
+        const auto got = cuda_test::gpu_compress<float>(gpu, want.layout(), input);
+        const auto got_values = got.values.download();
+        const auto want_values = test::values_of(want);
+        if (got_values.size() != want_values.size() ||
+            std::memcmp(got_values.data(), want_values.data(),
+                        got_values.size() * sizeof(float)) != 0)
+          failures[t] = 1;
+      }
+      cudaStreamDestroy(stream);
+    });
+  for (auto& thread : threads) thread.join();
+  for (int t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    CHECK(failures[t] == 0);
+  }
 }
 
 TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::half,

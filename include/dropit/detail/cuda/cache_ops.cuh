@@ -16,7 +16,9 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <unordered_map>
 
 #include "../../cache.hpp"
 #include "../../policy.hpp"
@@ -118,20 +120,36 @@ inline compress_scratch add_compress_scratch(workspace_carver& carver, const cac
   return s;
 }
 
-/// Lets `kernel` be launched with `bytes` of dynamic shared memory on the current device, if the
-/// device has that much per block beside the kernel's static shared memory; false if it has not.
+/// The most dynamic shared memory `kernel` can be launched with on `device`. The kernel's attribute
+/// is raised to that limit once per device and never lowered, so that a launch on one host thread
+/// cannot invalidate another thread's launch of a larger size; the limit is remembered, so later
+/// launches ask the runtime nothing.
 template <class Kernel>
-bool reserve_dynamic_shared_memory(Kernel* kernel, std::size_t bytes, const char* name) {
-  int device = 0, available = 0;
-  check(cudaGetDevice(&device), name);
+std::size_t dynamic_shared_memory_limit(Kernel* kernel, int device, const char* name) {
+  static std::mutex mutex;
+  static std::unordered_map<int, std::size_t> limits;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto known = limits.find(device); known != limits.end()) return known->second;
+  int available = 0;
   check(cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), name);
   cudaFuncAttributes attributes{};
   check(cudaFuncGetAttributes(&attributes, kernel), name);
-  if (attributes.sharedSizeBytes + bytes > static_cast<std::size_t>(available)) return false;
+  const std::size_t limit = static_cast<std::size_t>(available) > attributes.sharedSizeBytes
+                                ? static_cast<std::size_t>(available) - attributes.sharedSizeBytes
+                                : 0;
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes)),
+                             static_cast<int>(limit)),
         name);
-  return true;
+  limits.emplace(device, limit);
+  return limit;
+}
+
+/// Whether `kernel` can be launched with `bytes` of dynamic shared memory on the current device.
+template <class Kernel>
+bool reserve_dynamic_shared_memory(Kernel* kernel, std::size_t bytes, const char* name) {
+  int device = 0;
+  check(cudaGetDevice(&device), name);
+  return bytes <= dynamic_shared_memory_limit(kernel, device, name);
 }
 
 /// One block per chunk, with the chunk's keys staged in shared memory where the device has room

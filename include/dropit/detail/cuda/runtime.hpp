@@ -11,10 +11,13 @@
 
 namespace dropit::detail::cuda {
 
-/// Throws `dropit::error` naming `what` and the CUDA error unless `status` is cudaSuccess.
+/// Throws `dropit::error` naming `what` and the CUDA error unless `status` is cudaSuccess. The
+/// runtime's last error is cleared first (a failed query leaves it set, and the next launch check,
+/// dropit's or torch's, would report it again as its own); a sticky error stays, as it must.
 inline void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    fail(what, ": CUDA error ", cudaGetErrorName(status), ": ", cudaGetErrorString(status));
+  if (status == cudaSuccess) return;
+  static_cast<void>(cudaGetLastError());
+  fail(what, ": CUDA error ", cudaGetErrorName(status), ": ", cudaGetErrorString(status));
 }
 
 /// Checks, before an operation launches anything, that no error of earlier, unrelated work is
