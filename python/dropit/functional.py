@@ -24,6 +24,8 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _DEVICES = ("cpu", "cuda") if _C.built_with_cuda else ("cpu",)
 
 _ops = torch.ops.dropit
+# The operators' only overloads, called directly: a call skips overload resolution.
+_linear, _conv2d, _relu = _ops.linear.default, _ops.conv2d.default, _ops.relu.default
 
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
@@ -50,7 +52,7 @@ def linear(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
     chosen = _policy_of(dropit_policy, policy_fields)
     if not _caches(weight):
         return F.linear(input, weight, bias)
-    return _ops.linear(input, weight, bias, *chosen.arguments(channel_axis=-1, call=call))
+    return _linear(input, weight, bias, *chosen.arguments(channel_axis=-1, call=call))
 
 
 def _pair(value, name) -> tuple:
@@ -77,7 +79,7 @@ def conv2d(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tenso
         dilation, "dilation")
     if not _caches(weight):
         return F.conv2d(input, weight, bias, stride, padding, dilation, groups)
-    return _ops.conv2d(input, weight, bias, stride, padding, dilation, int(groups),
+    return _conv2d(input, weight, bias, stride, padding, dilation, int(groups),
                        *chosen.arguments(channel_axis=1, call=call))
 
 
@@ -89,7 +91,7 @@ def relu(input: torch.Tensor) -> torch.Tensor:
         return F.relu(input)
     if input.dtype not in SUPPORTED_DTYPES or input.device.type not in _DEVICES:
         return F.relu(input)
-    return _ops.relu(input)
+    return _relu(input)
 
 
 class Cache:

@@ -80,7 +80,7 @@ class Linear(_CachingLayer, nn.Linear):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._caches():
             return F.linear(input, self.weight, self.bias)
-        return self._call(functional._ops.linear, input, self.weight, self.bias)
+        return self._call(functional._linear, input, self.weight, self.bias)
 
 
 class Conv2d(_CachingLayer, nn.Conv2d):
@@ -120,7 +120,7 @@ class Conv2d(_CachingLayer, nn.Conv2d):
         if input.dim() == 3:  # unbatched [C, H, W], as torch accepts
             return self.forward(input.unsqueeze(0)).squeeze(0)
         input, padding = self._padded(input)
-        return self._call(functional._ops.conv2d, input, self.weight, self.bias, self.stride,
+        return self._call(functional._conv2d, input, self.weight, self.bias, self.stride,
                           padding, self.dilation, self.groups)
 
 
