@@ -47,11 +47,12 @@ class Policy:
             _C.PolicyArguments(*arguments)
         return arguments
 
-    def plan(self, shape, dtype: torch.dtype, channel_axis: int) -> dict:
-        """The cache an input of ``shape`` and ``dtype`` gets: kept count, position_words, bytes,
-        encoding and the packed layout."""
+    def plan(self, shape, dtype: torch.dtype, channel_axis: int, call: int = 0) -> dict:
+        """The cache an input of ``shape`` and ``dtype`` gets in forward call ``call``: kept count,
+        position_words, bytes, encoding and the packed layout (random selection's seed depends on
+        the call; the sizes do not)."""
         return _C.plan([int(d) for d in shape], str(dtype).replace("torch.", ""),
-                       _C.PolicyArguments(*self.arguments(channel_axis, 0)))
+                       _C.PolicyArguments(*self.arguments(channel_axis, call)))
 
 
 def _signed64(value: int) -> int:

@@ -118,11 +118,10 @@ def compress(input: torch.Tensor, dropit_policy: Optional[Policy] = None, *, cha
              call: int = 0, **policy_fields) -> Cache:
     """The cache a dropit layer would save of ``input`` (``channel_axis`` matters for channel
     granularity: 1 for NCHW activations, -1 for a linear layer's input)."""
-    arguments = _policy_of(dropit_policy, policy_fields).arguments(channel_axis, call)
-    values, positions = _ops.compress(input, *arguments)
-    plan = _C.plan([int(d) for d in input.shape], str(input.dtype).replace("torch.", ""),
-                   _C.PolicyArguments(*arguments))
-    return Cache(values, positions, plan["layout"])
+    policy = _policy_of(dropit_policy, policy_fields)
+    values, positions = _ops.compress(input, *policy.arguments(channel_axis, call))
+    layout = policy.plan(input.shape, input.dtype, channel_axis, call)["layout"]
+    return Cache(values, positions, layout)
 
 
 def densify(cache: Cache) -> torch.Tensor:

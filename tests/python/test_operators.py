@@ -39,8 +39,11 @@ def test_cache_operators(policy, dtype, layout, device):
     arguments = policy.arguments(channel_axis=1, call=5)
     check(ops.compress, (x, *arguments))
     values, positions = ops.compress(x, *arguments)
-    layout_words = policy.plan(x.shape, dtype, channel_axis=1)["layout"]
+    layout_words = policy.plan(x.shape, dtype, channel_axis=1, call=5)["layout"]
     check(ops.densify, (values, positions, layout_words))
+    dense = ops.densify(values, positions, layout_words)
+    kept = dense != 0
+    assert torch.equal(dense[kept], x[kept])  # each value back at its own position in x
     # The weight gradient of a 3x3 convolution over x (padding 1), on both paths.
     dz = torch.randn(2, 4, 7, 9, device=device, dtype=dtype)
     for path in ("sparse", "densify"):
