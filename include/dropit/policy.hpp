@@ -40,13 +40,17 @@ constexpr bool is_known_selection(selection_kind kind) {
 }
 
 /// The known selections as "name (kind), ...", for error messages.
-inline std::string known_selections() {
-  std::string names;
-  [&]<class... S>(selection_list<S...>) {
-    ((names += (names.empty() ? "" : ", ") + std::string(selection_traits<S>::name) + " (" +
-               std::to_string(static_cast<int>(selection_traits<S>::kind)) + ")"),
-     ...);
-  }(selection_policies{});
+inline const std::string& known_selections() {
+  // Built once: checks pass it to every message they might raise.
+  static const std::string names = [] {
+    std::string list;
+    [&]<class... S>(selection_list<S...>) {
+      ((list += (list.empty() ? "" : ", ") + std::string(selection_traits<S>::name) + " (" +
+                std::to_string(static_cast<int>(selection_traits<S>::kind)) + ")"),
+       ...);
+    }(selection_policies{});
+    return list;
+  }();
   return names;
 }
 

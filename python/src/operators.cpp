@@ -141,6 +141,17 @@ compress_operator() {
   return handle;
 }
 
+/// `op.call(arguments...)`, below the autograd keys when gradients are off (a layer's forward, its
+/// backward without create_graph). The cache operators have no autograd kernel: torch's fallback
+/// for such operators would box every argument of every call only to find nothing to record. With
+/// gradients on it still runs, and refuses a double backward through them.
+template <class Operator, class... Arguments>
+decltype(auto) call_below_autograd(const Operator& op, const Arguments&... arguments) {
+  if (at::GradMode::is_enabled()) return op.call(arguments...);
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(arguments...);
+}
+
 }  // namespace
 
 namespace dropit_python {
@@ -163,7 +174,7 @@ struct operator_cache_ops {
   static operator_cache compress(const at::Tensor& input, const operator_policy& policy) {
     operator_cache cache;
     std::tie(cache.values, cache.positions) =
-        compress_operator().call(input, DROPIT_POLICY_ARGUMENTS(policy));
+        call_below_autograd(compress_operator(), input, DROPIT_POLICY_ARGUMENTS(policy));
     // The layout follows from the policy, shape and dtype: the kernel planned the same (with the
     // call key, which the operators reading the cache add).
     cache.layout =
@@ -187,13 +198,15 @@ struct operator_cache_ops {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::densify", "")
                                .typed<decltype(densify_kernel)>();
-    return op.call(cache.values, cache.positions, cache.packed_layout(), cache.key());
+    return call_below_autograd(op, cache.values, cache.positions, cache.packed_layout(),
+                               cache.key());
   }
   static at::Tensor linear_weight_grad(const operator_cache& cache, const at::Tensor& dz) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::linear_weight_grad", "")
                                .typed<decltype(linear_weight_grad_kernel)>();
-    return op.call(cache.values, cache.positions, cache.packed_layout(), dz, "auto", cache.key());
+    return call_below_autograd(op, cache.values, cache.positions, cache.packed_layout(), dz,
+                               c10::string_view("auto"), cache.key());
   }
   static at::Tensor conv2d_weight_grad(const operator_cache& cache, const at::Tensor& dz,
                                        at::IntArrayRef weight_size,
@@ -201,22 +214,23 @@ struct operator_cache_ops {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::conv2d_weight_grad", "")
                                .typed<decltype(conv2d_weight_grad_kernel)>();
-    return op.call(cache.values, cache.positions, cache.packed_layout(), dz, weight_size,
-                   dt::torch_pair(params.stride), dt::torch_pair(params.padding),
-                   dt::torch_pair(params.dilation), params.groups, "sparse", cache.key());
+    return call_below_autograd(op, cache.values, cache.positions, cache.packed_layout(), dz,
+                               weight_size, dt::torch_pair(params.stride),
+                               dt::torch_pair(params.padding), dt::torch_pair(params.dilation),
+                               params.groups, c10::string_view("sparse"), cache.key());
   }
   static std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::relu_with_mask", "")
                                .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>();
-    return op.call(input);
+    return call_below_autograd(op, input);
   }
   static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask,
                                   at::MemoryFormat format) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::relu_backward", "")
                                .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>();
-    return op.call(dy, mask, format == at::MemoryFormat::ChannelsLast);
+    return call_below_autograd(op, dy, mask, format == at::MemoryFormat::ChannelsLast);
   }
 };
 

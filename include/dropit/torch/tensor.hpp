@@ -15,6 +15,7 @@
 #include <variant>
 #include <vector>
 
+#include <ATen/Parallel.h>
 #include <c10/core/DeviceGuard.h>
 
 #include "../dropit.hpp"
@@ -120,12 +121,15 @@ tensor_view<T> mutable_view(at::Tensor& t, const char* what) {
   return {const_cast<T*>(view.data), view.shape};
 }
 
-/// Workspace memory from torch's allocator on `like`'s device.
+/// Workspace memory from torch's allocator on `like`'s device; none (an undefined tensor) for zero
+/// bytes, which most CPU operations need.
 inline at::Tensor allocate_workspace(std::size_t bytes, const at::Tensor& like) {
+  if (bytes == 0) return {};
   return at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
 }
 
 inline workspace span_of(at::Tensor& memory) {
+  if (!memory.defined()) return {};
   return {static_cast<std::byte*>(memory.data_ptr()), static_cast<std::size_t>(memory.numel())};
 }
 
@@ -146,8 +150,8 @@ struct saved_cache {
     namespace d = dropit::detail;
     d::validate_layout(layout);
     d::expect(values.defined() && positions.defined(), "cache tensors are undefined");
-    d::expect(values.device() == positions.device(), "cache values are on ", values.device().str(),
-              " but its positions on ", positions.device().str());
+    d::expect(values.device() == positions.device(), "cache values are on ", values.device(),
+              " but its positions on ", positions.device());
     d::expect(values.scalar_type() == dtype_of(layout.type), "cache values have dtype ",
               c10::toString(values.scalar_type()), " but the layout holds ", name_of(layout.type));
     d::expect(values.is_contiguous() && values.numel() == layout.kept(), "cache values hold ",
@@ -222,12 +226,12 @@ struct saved_cache {
   }
 };
 
-/// Compresses `input` under `spec` into tensors allocated by torch.
-inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
-  expect_usable(input, "compress input");
+namespace detail {
+
+/// Compresses `input` into a cache of `layout`, planned for it.
+inline saved_cache compress_planned(const at::Tensor& input, const cache_layout& layout) {
   saved_cache result;
-  result.layout =
-      plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input"));
+  result.layout = layout;
   result.values = at::empty({result.layout.kept()}, input.options());
   const auto words = static_cast<std::int64_t>((result.layout.position_bytes() + 3) / 4);
   result.positions = at::empty({words}, input.options().dtype(at::kInt));
@@ -246,6 +250,15 @@ inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
     });
   });
   return result;
+}
+
+}  // namespace detail
+
+/// Compresses `input` under `spec` into tensors allocated by torch.
+inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
+  expect_usable(input, "compress input");
+  return detail::compress_planned(
+      input, plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input")));
 }
 
 namespace detail {
@@ -292,11 +305,12 @@ inline saved_cache compress_for_layer(const at::Tensor& input, const policy_spec
   constexpr std::size_t remembered = 8;
   thread_local std::array<detail::remembered_cache, remembered> recent;
   thread_local std::size_t next = 0;
+  expect_usable(input, "compress input");
   const cache_layout wanted =
       plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input"));
   for (const detail::remembered_cache& entry : recent)
     if (std::optional<saved_cache> shared = entry.find(input, wanted)) return *shared;
-  saved_cache cache = compress(input, spec);
+  saved_cache cache = detail::compress_planned(input, wanted);
   recent[next].remember(input, cache);
   next = (next + 1) % remembered;
   return cache;
@@ -361,15 +375,18 @@ inline std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input
 inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask,
                                 at::MemoryFormat format) {
   dropit::detail::expect(dy_any.defined(), "ReLU gradient is an undefined tensor");
+  // A gradient in another layout (an expanded one from a sum, say) is copied once and masked in
+  // place: the copy is already a tensor of its own.
+  const bool copied = !dy_any.is_contiguous(format);
   const at::Tensor dy = dy_any.contiguous(format);
   dropit::detail::expect(mask.scalar_type() == at::kInt && mask.is_contiguous() &&
                              mask.numel() == relu_mask_words(dy.numel()) &&
                              mask.device() == dy.device(),
                          "ReLU mask of ", mask.numel(), " ", c10::toString(mask.scalar_type()),
-                         " words on ", mask.device().str(), " does not fit a gradient of shape ",
-                         shape_of(dy), " on ", dy.device().str(), " (expected ",
+                         " words on ", mask.device(), " does not fit a gradient of shape ",
+                         shape_of(dy), " on ", dy.device(), " (expected ",
                          relu_mask_words(dy.numel()), " int32 words)");
-  at::Tensor dx = at::empty_like(dy, format);
+  at::Tensor dx = copied ? dy : at::empty_like(dy, format);
   on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
     visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
       using T = decltype(tag);
@@ -385,7 +402,7 @@ inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask
 inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz) {
   cache.validate();
   dropit::detail::expect(cache.values.device() == dz.device(), "cache is on ",
-                         cache.values.device().str(), " but dZ on ", dz.device().str());
+                         cache.values.device(), " but dZ on ", dz.device());
   dropit::detail::expect(cache.values.scalar_type() == dz.scalar_type(), "cache holds ",
                          name_of(cache.layout.type), " but dZ is ",
                          name_of(element_type_of_dtype(dz.scalar_type(), "dZ")));
