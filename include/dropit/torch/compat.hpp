@@ -3,8 +3,11 @@
 /// The one place that knows which LibTorch it is built against (Debian's 1.13 CPU build, or 2.x
 /// with CUDA). Everything else in dropit::torch is version-agnostic.
 
+// ATen and autograd only, not <torch/torch.h>: the adapters need no more, and code that includes
+// them compiles in a third of the time. The modules add torch::nn (modules.hpp).
+#include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <torch/torch.h>
+#include <torch/autograd.h>
 #include <torch/version.h>
 
 #include <cstdint>

@@ -10,6 +10,8 @@
 #include <ostream>
 #include <string_view>
 
+#include <torch/nn.h>
+
 #include "functions.hpp"
 
 namespace dropit::torch {
