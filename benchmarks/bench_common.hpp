@@ -115,6 +115,10 @@ enum class policy_kind {
   chunked_min_k
 };
 
+inline constexpr policy_kind all_policies[] = {
+    policy_kind::random_element, policy_kind::random_channel, policy_kind::min_k_element,
+    policy_kind::min_k_channel, policy_kind::chunked_min_k};
+
 struct policy_spec {
   policy_kind kind = policy_kind::chunked_min_k;
   double gamma = 0.9;

@@ -106,10 +106,6 @@ void densify_case(benchmark::State& state, policy_spec spec, std::int64_t n) {
   state.counters["cache_B_per_elem"] = static_cast<double>(layout.bytes()) / static_cast<double>(n);
 }
 
-constexpr policy_kind all_policies[] = {policy_kind::random_element, policy_kind::random_channel,
-                                        policy_kind::min_k_element, policy_kind::min_k_channel,
-                                        policy_kind::chunked_min_k};
-
 template <class T>
 void register_baselines(std::int64_t n) {
   shared_input<T>::reserve(n);

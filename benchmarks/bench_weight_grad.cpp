@@ -250,10 +250,6 @@ void register_conv(const policy_spec& spec, const conv_layer& l) {
       [spec, l](benchmark::State& state) { conv_case<T>(state, spec, l); });
 }
 
-constexpr policy_kind all_policies[] = {policy_kind::random_element, policy_kind::random_channel,
-                                        policy_kind::min_k_element, policy_kind::min_k_channel,
-                                        policy_kind::chunked_min_k};
-
 }  // namespace
 
 void register_weight_grad_benchmarks() {

@@ -163,6 +163,9 @@ std::vector<T> values_of(const dropit::cache<T>& c) {
 
 inline dropit::shape shape_of(const std::vector<std::int64_t>& dims) { return dropit::shape(dims); }
 
+/// One thread: the reference the threaded results are compared with.
+inline const dropit::cpu_backend serial{1};
+
 // ---------------------------------------------------------------------------------------------
 // Every selection x granularity combination, with and without rescaling: f(policy, name).
 

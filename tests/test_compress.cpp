@@ -13,7 +13,7 @@ using dropit::bfloat16;
 using dropit::half;
 using namespace dropit;
 
-const cpu_backend serial{1};
+using test::serial;
 
 // compress(x) under p must keep exactly `mask`: values in ascending position order, positions as
 // encoded, and densify equal to x masked, bit for bit.

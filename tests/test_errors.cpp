@@ -15,7 +15,7 @@ using dropit::bfloat16;
 using dropit::half;
 using namespace dropit;
 
-const cpu_backend serial{1};
+using test::serial;
 
 }  // namespace
 

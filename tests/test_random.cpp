@@ -16,7 +16,7 @@ using dropit::bfloat16;
 using dropit::half;
 using namespace dropit;
 
-const cpu_backend serial{1};
+using test::serial;
 
 // Positions a cache kept: where densify of an input with no zeros is non-zero.
 template <class T>

@@ -13,7 +13,7 @@ using dropit::bfloat16;
 using dropit::half;
 using namespace dropit;
 
-const cpu_backend serial{1};
+using test::serial;
 
 std::int64_t product(const std::vector<std::int64_t>& dims, std::size_t first, std::size_t last) {
   return std::accumulate(dims.begin() + first, dims.begin() + last, std::int64_t{1},
