@@ -1,6 +1,5 @@
 // MemoryMeter, and the peak memory of real training steps measured at the allocator.
 
-#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "torch_helpers.hpp"
 
 namespace {
