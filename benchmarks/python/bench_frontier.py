@@ -30,7 +30,6 @@ import functools
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +43,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
+from bench_common import cpu_name, summarise
 
 BUDGETS = (1.0, 0.5, 0.3, 0.2)
 GAMMA = 0.9
@@ -238,16 +238,10 @@ def measure(name, budget, rounds, warmup):
     result = {}
     compiled_dense = f"compiled dense {budget}"
     for v in models:
-        entry = {
-            "median_step_ms": 1000 * statistics.median(times[v]),
-            "time_ratio": statistics.median(a / b for a, b in zip(times[v], times["eager dense"])),
-            "peak_bytes": max(peaks[v]),
-            "peak_ratio": max(peaks[v]) / max(peaks["eager dense"]),
-            "held_bytes": max(helds[v]),
-            "held_ratio": max(helds[v]) / max(helds["eager dense"]),
-            "grad_distance": distance(first_gradients[v], first_gradients["eager dense"]),
-            "first_step_s": compile_seconds[v],
-        }
+        entry = summarise(times[v], peaks[v], helds[v], times["eager dense"],
+                          peaks["eager dense"], helds["eager dense"])
+        entry["grad_distance"] = distance(first_gradients[v], first_gradients["eager dense"])
+        entry["first_step_s"] = compile_seconds[v]
         if v.startswith("compiled dropit"):
             entry["time_vs_compiled_dense"] = statistics.median(
                 a / b for a, b in zip(times[v], times[compiled_dense]))
@@ -257,17 +251,6 @@ def measure(name, budget, rounds, warmup):
 
 
 # --- the whole frontier: one process per (model, budget) ---------------------------------------
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
 
 def table(runs, machine, command):
     lines = [f"Frontier: training step on the CPU ({machine}); gamma {GAMMA}; ratios to eager "

@@ -11,7 +11,6 @@ cancels; the ratio is the median over rounds of each round's ratio.
 
 import argparse
 import copy
-import platform
 import statistics
 import sys
 import time
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 import dropit
+from bench_common import cpu_name
 
 
 def cases():
@@ -33,18 +33,6 @@ def cases():
                    torch.randn(1, 4, 6, 6)),
         "relu": (nn.ReLU(), dropit.nn.ReLU(), torch.randn(2, 64)),
     }
-
-
-def cpu_name():
-    """The processor's model name (Linux), else what platform knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def seconds_per_call(layer, x, calls):

@@ -23,8 +23,6 @@ import copy
 import json
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 
@@ -35,6 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import dropit
+from bench_common import cpu_name, summarise
 
 
 # --- the published method, as a baseline -------------------------------------------------------
@@ -228,29 +227,14 @@ def bench(name, batch, rounds, warmup, gamma, device, amp_dtype):
                 times[v].append(seconds)
                 peaks[v].append(peak)
                 helds[v].append(held)
-    result = {}
-    for v in models:
-        result[v] = {
-            "median_step_ms": 1000 * statistics.median(times[v]),
-            "time_ratio": statistics.median(a / b for a, b in zip(times[v], times["dense"])),
-            "peak_bytes": max(peaks[v]),
-            "peak_ratio": max(peaks[v]) / max(peaks["dense"]),
-            "held_after_forward_bytes": max(helds[v]),
-            "held_ratio": max(helds[v]) / max(helds["dense"]),
-        }
-    return result
+    return {v: summarise(times[v], peaks[v], helds[v], times["dense"], peaks["dense"],
+                         helds["dense"]) for v in models}
 
 
 def machine(device):
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    model = platform.processor() or "cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def main():
@@ -291,7 +275,7 @@ def main():
         for v, r in result.items():
             lines.append(f"| {name} | {v} | {r['median_step_ms']:.1f} ms | {r['time_ratio']:.2f}x | "
                          f"{r['peak_bytes'] / 2**20:.1f} MiB | {r['peak_ratio']:.2f}x | "
-                         f"{r['held_after_forward_bytes'] / 2**20:.1f} MiB | "
+                         f"{r['held_bytes'] / 2**20:.1f} MiB | "
                          f"{r['held_ratio']:.2f}x |")
     table = "\n".join(lines)
     print(table)

@@ -1,0 +1,31 @@
+"""What the Python benchmarks share: the machine's name and the summary of interleaved rounds."""
+
+import platform
+import statistics
+
+
+def cpu_name() -> str:
+    """The processor's model name (Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def summarise(times: list, peaks: list, helds: list, baseline: list, baseline_peaks: list,
+              baseline_helds: list) -> dict:
+    """One variant's rounds (seconds, peak bytes, bytes held after forward, each list in round
+    order) against the baseline's: median step, the median of per-round time ratios, and the
+    highest peak and held bytes with their ratios."""
+    return {
+        "median_step_ms": 1000 * statistics.median(times),
+        "time_ratio": statistics.median(a / b for a, b in zip(times, baseline)),
+        "peak_bytes": max(peaks),
+        "peak_ratio": max(peaks) / max(baseline_peaks),
+        "held_bytes": max(helds),
+        "held_ratio": max(helds) / max(baseline_helds),
+    }
