@@ -146,7 +146,7 @@ def checkpointed(model, policy=None):
     context = None if policy is None else functools.partial(
         create_selective_checkpoint_contexts, policy)
     for parent, key in blocks(model):
-        if isinstance(parent, nn.ModuleList) or isinstance(key, int):
+        if isinstance(key, int):  # an entry of a Sequential or ModuleList
             parent[key] = Checkpointed(parent[key], context)
         else:
             setattr(parent, key, Checkpointed(getattr(parent, key), context))
