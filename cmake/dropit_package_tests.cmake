@@ -38,7 +38,7 @@ if(DROPIT_BUILD_CUDA AND DROPIT_PYTHON_EXECUTABLE)
   endif()
 endif()
 # The consumer checks the package's wiring, not the kernels (the build compiles those for every
-# architecture): one architecture, the first, halves its nvcc time.
+# architecture): it compiles for one, the first.
 set(_dropit_cuda_archs "")
 if(CMAKE_CUDA_ARCHITECTURES)
   list(GET CMAKE_CUDA_ARCHITECTURES 0 _dropit_cuda_archs)
