@@ -1,8 +1,8 @@
 #pragma once
-// Brute-force references written from the contract (README, "The contract"), sharing no code with the
-// library: full sorts instead of radix thresholds, exact integer arithmetic for k(n), decoding of
-// 16-bit values with ldexp, and dense gradients summed in double by direct loops. Slow and
-// obvious on purpose.
+// Brute-force references written from the contract (docs/design.md, "The contract"), sharing no
+// code with the library: full sorts instead of radix thresholds, exact integer arithmetic for k(n),
+// decoding of 16-bit values with ldexp, and dense gradients summed in double by direct loops. Slow
+// and obvious on purpose.
 
 #include <algorithm>
 #include <cmath>
@@ -171,7 +171,7 @@ std::vector<T> kept_values(const std::vector<T>& x, const std::vector<bool>& mas
 }
 
 // ---------------------------------------------------------------------------------------------
-// Encoded sizes, from the README's table "Memory per cached element".
+// Encoded sizes, from the table "Memory per cached element" in docs/api.md.
 
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 

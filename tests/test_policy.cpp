@@ -1,5 +1,5 @@
 // k(n), plan_cache and the byte counts of every encoding, checked against formulas written from
-// the README's table "Memory per cached element".
+// the table "Memory per cached element" in docs/api.md.
 
 #include <limits>
 #include <random>

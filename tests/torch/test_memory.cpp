@@ -118,7 +118,7 @@ void check_near(double measured, double predicted, double rel, const char* what)
                 measured / MiB, " MiB, predicted ", predicted / MiB, " MiB");
 }
 
-// Bytes per fp32 element that dropit keeps at γ = 0.9 (the README's "Memory per cached element"):
+// Bytes per fp32 element that dropit keeps at γ = 0.9 (docs/api.md, "Memory per cached element"):
 // chunked min-k keeps 0.1 of the values (0.4 B) and a 1-bit mask of positions (0.125 B) =
 // 0.525 B, where the bitmask is smaller than uint16 offsets (0.6 B). The 1-bit ReLU keeps 0.125 B
 // where torch's keeps its 4-byte output.
