@@ -168,8 +168,8 @@ def save_compute_intensive(ctx, op, *args, **kwargs):
         CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def converted(model):
-    dropit.convert(model, gamma=GAMMA)
+def converted(model, example_input):
+    dropit.convert(model, gamma=GAMMA, example_input=example_input)
     return model
 
 
@@ -178,13 +178,13 @@ def variants(workload, budget):
     dense = workload.model
     out = {"eager dense": dense}
     if budget is None:
-        out["eager dropit"] = converted(copy.deepcopy(dense))
+        out["eager dropit"] = converted(copy.deepcopy(dense), workload.batch[0])
         out["checkpoint"] = checkpointed(copy.deepcopy(dense))
         out["SAC"] = checkpointed(copy.deepcopy(dense), save_compute_intensive)
     else:
         out[f"compiled dense {budget}"] = torch.compile(copy.deepcopy(dense), fullgraph=True)
-        out[f"compiled dropit {budget}"] = torch.compile(converted(copy.deepcopy(dense)),
-                                                         fullgraph=True)
+        out[f"compiled dropit {budget}"] = torch.compile(
+            converted(copy.deepcopy(dense), workload.batch[0]), fullgraph=True)
     return out
 
 

@@ -109,9 +109,11 @@ class PaperConv2d(nn.Conv2d):
                                     self.dilation, self.groups, self.gamma)
 
 
-def apply_paper_method(model: nn.Module, gamma: float):
-    """Swaps in the baseline on exactly the layers dropit.convert converts (a dry run says which)."""
-    names = {layer.name for layer in dropit.convert(copy.deepcopy(model), gamma=gamma).converted}
+def apply_paper_method(model: nn.Module, gamma: float, example_input: torch.Tensor):
+    """Swaps in the baseline on exactly the Linear and Conv2d layers dropit.convert converts (a dry
+    run says which)."""
+    names = {layer.name for layer in dropit.convert(copy.deepcopy(model), gamma=gamma,
+                                                    example_input=example_input).converted}
     for name, module in model.named_modules():
         if name in names and type(module) in (nn.Linear, nn.Conv2d):
             module.__class__ = PaperLinear if type(module) is nn.Linear else PaperConv2d
@@ -156,14 +158,15 @@ MODELS = {"resnet18": resnet18, "vit": small_vit}
 
 def variants(make, gamma):
     torch.manual_seed(0)
-    dense, _ = make()
+    dense, shape = make()
+    example = torch.randn(2, *shape)
     out = {"dense": dense}
     out["dropit"] = copy.deepcopy(dense)
-    dropit.convert(out["dropit"], gamma=gamma)
+    dropit.convert(out["dropit"], gamma=gamma, example_input=example)
     out["dropit_no_mask"] = copy.deepcopy(dense)
-    dropit.convert(out["dropit_no_mask"], gamma=gamma, relu=False)
+    dropit.convert(out["dropit_no_mask"], gamma=gamma, relu=False, example_input=example)
     out["paper"] = copy.deepcopy(dense)
-    apply_paper_method(out["paper"], gamma)
+    apply_paper_method(out["paper"], gamma, example)
     out["checkpoint"] = copy.deepcopy(dense)
     apply_checkpointing(out["checkpoint"])
     return out

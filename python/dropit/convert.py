@@ -1,6 +1,7 @@
-"""``convert``: replaces the Linear and Conv2d layers (and ReLU) anywhere in a module tree by
-dropit layers that share their parameters, and reports what it did."""
+"""``convert``: replaces the linear, convolution and attention layers (and ReLU) anywhere in a module
+tree by dropit layers that share their parameters, and reports what it did."""
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Union
@@ -14,19 +15,17 @@ from ._policy import Policy
 
 __all__ = ["ConvertReport", "LayerReport", "convert"]
 
-_LINEAR_TYPES = (nn.Linear, nn.modules.linear.NonDynamicallyQuantizableLinear)
-
 
 @dataclass
 class LayerReport:
-    """One Linear, Conv2d or ReLU that ``convert`` looked at."""
+    """One layer that ``convert`` looked at."""
 
     name: str
     kind: str
     reason: str = ""  # why it was left as it was; empty when converted
-    input_shape: Optional[tuple] = None  # of the tensor cached, from ``example_input``
-    cache_bytes: Optional[int] = None  # exact bytes of the cache dropit will save of it
-    dense_bytes: Optional[int] = None  # bytes of that tensor, which the dense layer saves
+    input_shape: Optional[tuple] = None  # of the (first) tensor cached, from ``example_input``
+    cache_bytes: Optional[int] = None  # exact bytes of the caches dropit will save
+    dense_bytes: Optional[int] = None  # bytes of the tensors cached, which the dense layer saves
 
 
 @dataclass
@@ -48,17 +47,37 @@ class ConvertReport:
         return "\n".join(lines)
 
 
+def _is_transposed_linear(module: nn.Module) -> bool:
+    """Hugging Face's Conv1D (transformers.pytorch_utils), recognised without importing it: a
+    linear layer whose weight is [nx, nf]."""
+    weight, nf = getattr(module, "weight", None), getattr(module, "nf", None)
+    return (type(module).__name__ == "Conv1D" and isinstance(nf, int)
+            and isinstance(weight, torch.Tensor) and weight.dim() == 2 and weight.shape[1] == nf)
+
+
+# torch's layers dropit replaces, by exact type (a subclass may behave differently).
+_REPLACEMENTS = {nn.Linear: dnn.Linear,
+                 nn.modules.linear.NonDynamicallyQuantizableLinear: dnn.Linear,
+                 nn.Conv1d: dnn.Conv1d, nn.Conv2d: dnn.Conv2d, nn.Conv3d: dnn.Conv3d,
+                 nn.MultiheadAttention: dnn.MultiheadAttention}
+_REPLACED_BASES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+# Weight-bearing layers dropit leaves, and why.
+_LEFT = ((nn.modules.conv._ConvTransposeNd, "a transposed convolution: dropit has none"),
+         (nn.Bilinear, "a bilinear layer: dropit has none"))
+
+
 class _Converter:
-    def __init__(self, policy: Policy, relu: bool, skip_first: bool, exclude: List[str]):
-        self.policy, self.relu, self.skip_first = policy, relu, skip_first
+    def __init__(self, policy: Policy, relu: bool, exclude: List[str]):
+        self.policy, self.relu = policy, relu
         self.exclude = [re.compile(pattern) for pattern in exclude]
         self.report = ConvertReport()
-        self.seen_first = False
         self.layers = 0
         # id(module) -> what stands at its place now (a replacement, or itself when it was left), so
         # that a module held in several places gets one decision.
         self.decided = {}
         self.visited = set()
+        # name of each replaced layer -> (the dense module, its replacement, [(parent, attribute)]).
+        self.places = {}
 
     def visit(self, parent: nn.Module, prefix: str):
         if id(parent) in self.visited:
@@ -69,7 +88,11 @@ class _Converter:
                 continue
             qualified = f"{prefix}.{name}" if prefix else name
             if id(child) in self.decided:
-                parent._modules[name] = self.decided[id(child)]
+                replacement = self.decided[id(child)]
+                parent._modules[name] = replacement
+                for dense, placed, places in self.places.values():
+                    if dense is child:
+                        places.append((parent, name))
                 continue
             replacement = self.replacement_for(parent, child, qualified)
             self.decided[id(child)] = replacement if replacement is not None else child
@@ -77,6 +100,7 @@ class _Converter:
                 self.visit(child, qualified)
             else:
                 parent._modules[name] = replacement
+                self.places[qualified] = (child, replacement, [(parent, name)])
 
     def skip(self, name: str, kind: str, reason: str):
         self.report.skipped.append(LayerReport(name, kind, reason))
@@ -84,26 +108,30 @@ class _Converter:
 
     def replacement_for(self, parent: nn.Module, child: nn.Module, name: str):
         kind = type(child).__name__
-        if isinstance(child, (dnn.Linear, dnn.Conv2d, dnn.ReLU)):
+        if isinstance(child, (dnn._CachingLayer, dnn.ReLU)):
             return self.skip(name, kind, "already a dropit layer")
-        is_linear = isinstance(child, nn.Linear)
-        is_conv = isinstance(child, nn.Conv2d)
-        if is_linear or is_conv:
-            first = not self.seen_first
-            self.seen_first = True
-            if self.skip_first and first:
-                return self.skip(name, kind, "first layer (skip_first): its input is the batch, "
-                                 "which stays alive anyway")
-            if is_linear and type(child) not in _LINEAR_TYPES or \
-                    is_conv and type(child) is not nn.Conv2d:
-                return self.skip(name, kind, f"a subclass of nn.{'Linear' if is_linear else 'Conv2d'}"
-                                 " with behaviour of its own")
+        for left, reason in _LEFT:
+            if isinstance(child, left):
+                return self.skip(name, kind, reason)
+        layer = _REPLACEMENTS.get(type(child))
+        if layer is None and _is_transposed_linear(child):
+            layer = dnn.TransposedLinear
+        if layer is None and isinstance(child, _REPLACED_BASES):
+            base = next(base for base in _REPLACED_BASES if isinstance(child, base))
+            return self.skip(name, kind, f"a subclass of nn.{base.__name__} with behaviour of its "
+                             "own")
+        if layer is not None:
             if isinstance(parent, nn.MultiheadAttention):
                 return self.skip(name, kind, "nn.MultiheadAttention uses this weight directly "
                                  "and never calls the layer")
-            if child.weight.dtype not in functional.SUPPORTED_DTYPES:
-                return self.skip(name, kind, f"parameters of dtype {child.weight.dtype}; dropit "
-                                 "supports float32, float16 and bfloat16")
+            if layer is dnn.MultiheadAttention and (child.bias_k is not None or
+                                                    child.add_zero_attn):
+                return self.skip(name, kind, "add_bias_kv or add_zero_attn: dropit's "
+                                 "MultiheadAttention has neither")
+            dtype = next(child.parameters()).dtype
+            if dtype not in functional.SUPPORTED_DTYPES:
+                return self.skip(name, kind, f"parameters of dtype {dtype}; dropit supports "
+                                 "float32, float16 and bfloat16")
         elif not (self.relu and type(child) is nn.ReLU):
             return None
         if any(pattern.search(name) for pattern in self.exclude):
@@ -114,62 +142,149 @@ class _Converter:
         # Each layer draws its own random positions.
         seed = (self.policy.seed + self.layers * 0x9E3779B97F4A7C15) % 2**64
         self.layers += 1
-        fields = {**self.policy.__dict__, "seed": seed}
-        return (dnn.Linear if is_linear else dnn.Conv2d).from_dense(child, **fields)
+        return layer.from_dense(child, **{**self.policy.__dict__, "seed": seed})
+
+    def caching_layers(self) -> dict:
+        """name -> each converted layer that caches its input."""
+        return {name: replacement for name, (_, replacement, _) in self.places.items()
+                if isinstance(replacement, dnn._CachingLayer)}
+
+    def entry(self, name: str) -> LayerReport:
+        return next(layer for layer in self.report.converted if layer.name == name)
+
+    def move_to_skipped(self, name: str, reason: str):
+        entry = self.entry(name)
+        self.report.converted.remove(entry)
+        self.skip(name, entry.kind, reason)
+
+    def restore(self, name: str, reason: str):
+        """Puts back, everywhere it stood, the dense layer that ``name`` replaced."""
+        dense, _, places = self.places.pop(name)
+        for parent, attribute in places:
+            parent._modules[attribute] = dense
+        self.decided[id(dense)] = dense
+        self.move_to_skipped(name, reason)
 
 
-def _measure_inputs(model: nn.Module, example_input, report: ConvertReport):
-    """Records each converted layer's input shape in a dense eval forward and plans its cache."""
-    modules = dict(model.named_modules(remove_duplicate=False))
-    hooks = []
-    for layer in report.converted:
-        module = modules.get(layer.name)
-        if not isinstance(module, (dnn.Linear, dnn.Conv2d)):
-            continue
+_FED_BY_MODEL_INPUT = ("skip_first: its input is the model's own input, which stays alive "
+                       "anyway")
 
-        def record(module, args, layer=layer):
-            x = args[0]
-            if isinstance(module, dnn.Conv2d):
-                x = module._padded(x if x.dim() == 4 else x.unsqueeze(0))[0]  # what it caches
+
+def _tensors(args, kwargs) -> list:
+    return [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
+
+
+def _arguments(example_input) -> tuple:
+    """(args, kwargs) of a call on ``example_input``: a tensor, a tuple or list of arguments, or a
+    dict of keyword arguments."""
+    if isinstance(example_input, dict):
+        return (), example_input
+    if isinstance(example_input, (tuple, list)):
+        return tuple(example_input), {}
+    return (example_input,), {}
+
+
+def _fed_by(inputs: list, args, kwargs) -> bool:
+    return any(t is x for t in _tensors(args, kwargs) for x in inputs)
+
+
+def _measure(model: nn.Module, example_input, converter: _Converter, skip_first: bool):
+    """One dense eval forward on ``example_input``: records what each converted layer caches and
+    plans its cache; with ``skip_first``, puts back the dense layers fed by the model's input."""
+    args, kwargs = _arguments(example_input)
+    inputs = _tensors(args, kwargs)
+    fed_by_input, hooks = [], []
+    for name, module in converter.caching_layers().items():
+
+        def record(module, args, kwargs, layer=converter.entry(name)):
+            if _fed_by(inputs, args, kwargs):
+                fed_by_input.append(layer.name)
             if layer.input_shape is None:
-                layer.input_shape = tuple(x.shape)
-                layer.cache_bytes = module.dropit_policy.plan(x.shape, x.dtype,
-                                                              module._channel_axis)["bytes"]
-                layer.dense_bytes = x.numel() * x.element_size()
+                cached = module._cached_inputs(*args, **kwargs)
+                layer.input_shape = tuple(cached[0].shape)
+                layer.cache_bytes = sum(
+                    module.dropit_policy.plan(x.shape, x.dtype, module._channel_axis)["bytes"]
+                    for x in cached)
+                layer.dense_bytes = sum(x.numel() * x.element_size() for x in cached)
 
-        hooks.append(module.register_forward_pre_hook(record))
+        hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
     was_training = model.training
     try:
         model.eval()
         with torch.no_grad():
-            if isinstance(example_input, (tuple, list)):
-                model(*example_input)
-            else:
-                model(example_input)
+            model(*args, **kwargs)
     finally:
         model.train(was_training)
         for hook in hooks:
             hook.remove()
+    if skip_first:
+        for name in dict.fromkeys(fed_by_input):
+            converter.restore(name, _FED_BY_MODEL_INPUT)
+
+
+class _FirstForwardProbe:
+    """skip_first without an example input, decided during the model's first eager forward (not
+    while torch.compile traces it): meanwhile each converted layer checks whether its input is one
+    of the model's, and if so runs dense from then on. The layer stays where it is (the model may
+    have been wrapped or sharded since convert); the report lists it as left."""
+
+    def __init__(self, model: nn.Module, converter: _Converter):
+        self.converter, self.inputs, self.probing = converter, [], []
+        self.hooks = [model.register_forward_pre_hook(self.before, with_kwargs=True),
+                      model.register_forward_hook(self.after, with_kwargs=True)]
+
+    def before(self, model, args, kwargs):
+        if torch.compiler.is_compiling():
+            return
+        self.disarm()  # a forward that raised left its probes
+        self.inputs = _tensors(args, kwargs)
+        for name, layer in self.converter.caching_layers().items():
+            layer.forward = functools.partial(self.forward, name, layer)
+            self.probing.append(layer)
+
+    def forward(self, name: str, layer: nn.Module, *args, **kwargs):
+        if not layer._runs_dense and _fed_by(self.inputs, args, kwargs):
+            layer._runs_dense = True
+            self.converter.move_to_skipped(name, _FED_BY_MODEL_INPUT)
+        return type(layer).forward(layer, *args, **kwargs)
+
+    def disarm(self):
+        for layer in self.probing:
+            del layer.forward
+        self.probing, self.inputs = [], []
+
+    def after(self, model, args, kwargs, output):
+        if self.probing:
+            self.disarm()
+            for hook in self.hooks:
+                hook.remove()
 
 
 def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
             granularity: str = "element", chunk_size: int = 16384, relu: bool = True,
             skip_first: bool = True, exclude: Union[str, Iterable[str]] = (), seed: int = 0,
             rescale: bool = False, example_input=None) -> ConvertReport:
-    """Replaces, in place, every nn.Linear and nn.Conv2d of ``model`` (held as attributes or in
-    Sequential, ModuleList or ModuleDict, at any depth) by a dropit layer that shares its
-    parameters, and every nn.ReLU by the 1-bit-mask ReLU when ``relu``. State dicts are unchanged.
+    """Replaces, in place, every nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention
+    and Hugging Face Conv1D of ``model`` (held as attributes or in Sequential, ModuleList or
+    ModuleDict, at any depth) by a dropit layer that shares its parameters, and every nn.ReLU by
+    the 1-bit-mask ReLU when ``relu``. State dicts are unchanged.
 
-    skip_first: leave the first Linear/Conv2d (in registration order) dense.
+    skip_first: leave dense the layers whose input is the model's own input (the batch, which stays
+        alive anyway). Decided in the forward on ``example_input`` when given (the dense layer is
+        put back), otherwise during the model's first eager forward (the dropit layer stays and
+        runs dense; a model compiled before it runs eagerly keeps every layer caching).
     exclude: regular expressions searched in qualified names ("layer4", r"^head\\.").
-    example_input: when given, one dense eval forward records each converted layer's input, and the
-        report gives the exact cache bytes dropit will save for it next to the dense bytes.
+    example_input: a tensor, a tuple of arguments or a dict of keyword arguments. When given, one
+        dense eval forward records each converted layer's input, and the report gives the exact
+        cache bytes dropit will save for it next to the dense bytes.
     Returns a :class:`ConvertReport` of what was converted and what was left, with reasons.
     """
     chosen = Policy(gamma, policy, granularity, chunk_size, seed, rescale)
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
-    converter = _Converter(chosen, relu, skip_first, patterns)
+    converter = _Converter(chosen, relu, patterns)
     converter.visit(model, "")
     if example_input is not None:
-        _measure_inputs(model, example_input, converter.report)
+        _measure(model, example_input, converter, skip_first)
+    elif skip_first and converter.caching_layers():
+        _FirstForwardProbe(model, converter)
     return converter.report

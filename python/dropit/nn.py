@@ -1,22 +1,26 @@
-"""Drop-in replacements for torch.nn.Linear, Conv2d and ReLU.
+"""Drop-in replacements for torch.nn.Linear, Conv1d, Conv2d, Conv3d, MultiheadAttention and ReLU,
+and for Hugging Face's Conv1D.
 
 They are subclasses of torch's modules with the same parameters, buffers and state dicts. In
-training mode with gradients enabled, Linear and Conv2d save a compact cache of their input (the
-weight gradient is computed from it; the input gradient stays exact) and ReLU saves a 1-bit mask;
+training mode with gradients enabled, the linear and convolution layers save a compact cache of
+their input (the weight gradient is computed from it; the input gradient stays exact), attention
+caches the inputs of its projections, and ReLU saves a 1-bit mask;
 in eval mode or under ``torch.no_grad`` they run torch's own dense forward.
 """
 
 import copy
+import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import functional
+from . import _convolution, functional
 from ._policy import Policy
 
-__all__ = ["Conv2d", "Linear", "ReLU"]
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "Linear", "MultiheadAttention", "ReLU",
+           "TransposedLinear"]
 
 
 class _CachingLayer:
@@ -29,8 +33,20 @@ class _CachingLayer:
         self.dropit_policy = functional._policy_of(dropit_policy, fields)
         self._dropit_arguments = self.dropit_policy.arguments(self._channel_axis, 0)
 
+    def _cached_inputs(self, input: torch.Tensor) -> list:
+        """The tensors whose caches the layer saves in a call on these arguments."""
+        return [input]
+
+    def _learns(self) -> bool:
+        """Whether a weight the layer caches its input for needs a gradient."""
+        return self.weight.requires_grad
+
+    # Set by convert's skip_first on a layer found fed by the model's own input in the model's
+    # first forward (the model may be wrapped by then, so the layer stays): it runs dense.
+    _runs_dense = False
+
     def _caches(self) -> bool:
-        if not (self.training and torch.is_grad_enabled() and self.weight.requires_grad):
+        if not (self.training and torch.is_grad_enabled() and self._learns()) or self._runs_dense:
             return False
         if torch.jit.is_tracing():
             raise RuntimeError(f"{type(self).__name__}: a dropit layer in training mode cannot be "
@@ -60,10 +76,14 @@ class _CachingLayer:
         layer._init_dropit(dropit_policy, fields)
         return layer
 
-    def extra_repr(self) -> str:
+    def _policy_repr(self) -> str:
+        if self._runs_dense:
+            return "dense (skip_first: its input is the model's)"
         p = self.dropit_policy
-        return (f"{super().extra_repr()}, gamma={p.gamma}, policy={p.policy}, "
-                f"granularity={p.granularity}")
+        return f"gamma={p.gamma}, policy={p.policy}, granularity={p.granularity}"
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, {self._policy_repr()}"
 
 
 class Linear(_CachingLayer, nn.Linear):
@@ -83,10 +103,36 @@ class Linear(_CachingLayer, nn.Linear):
         return self._call(functional._linear, input, self.weight, self.bias)
 
 
-class Conv2d(_CachingLayer, nn.Conv2d):
-    """``torch.nn.Conv2d`` that caches its input compactly. Every padding torch accepts works:
-    numbers, 'valid', 'same', and the non-zero padding modes (padded explicitly first, as torch
-    does)."""
+class TransposedLinear(_CachingLayer, nn.Module):
+    """Hugging Face's ``Conv1D`` (GPT-2 and the models built like it): a linear layer whose weight
+    is stored [in_features, out_features] (``nx``, ``nf``), with the same parameters and state
+    dict, that caches its input compactly. ``from_dense`` adopts one."""
+
+    _channel_axis = -1
+
+    def __init__(self, nf: int, nx: int, device=None, dtype=None,
+                 dropit_policy: Optional[Policy] = None, **fields):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.empty(nx, nf, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(nf, device=device, dtype=dtype))
+        nn.init.normal_(self.weight, std=0.02)
+        self._init_dropit(dropit_policy, fields)
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if not self._caches():  # Hugging Face's own computation
+            shape = input.shape[:-1] + (self.nf,)
+            return torch.addmm(self.bias, input.view(-1, input.size(-1)), self.weight).view(shape)
+        return self._call(functional._linear, input, self.weight.t(), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"nf={self.nf}, nx={self.nx}, {self._policy_repr()}"
+
+
+class _Convolution(_CachingLayer):
+    """What Conv1d, Conv2d and Conv3d share: every padding torch accepts (numbers, 'valid',
+    'same', and the non-zero padding modes, padded explicitly first as torch does), unbatched
+    inputs, and the dense path."""
 
     _channel_axis = 1
 
@@ -98,13 +144,15 @@ class Conv2d(_CachingLayer, nn.Conv2d):
         self._init_dropit(dropit_policy, fields)
 
     def _explicit_padding(self):
-        """(padding applied by F.pad first or None, the conv's own symmetric zero padding)."""
-        # torch keeps [left, right, top, bottom] for every padding, 'same' included.
-        left, right, top, bottom = self._reversed_padding_repeated_twice
-        if self.padding_mode == "zeros" and left == right and top == bottom:
-            return None, (top, left)
+        """(padding applied by F.pad first or None, the convolution's own symmetric zero
+        padding)."""
+        # torch keeps [before, after] pairs, last dimension first, for every padding ('same' too).
+        pads = list(self._reversed_padding_repeated_twice)
+        before, after = pads[0::2], pads[1::2]
+        if self.padding_mode == "zeros" and before == after:
+            return None, tuple(reversed(before))
         mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
-        return (mode, (left, right, top, bottom)), (0, 0)
+        return (mode, tuple(pads)), (0,) * len(before)
 
     def _padded(self, input: torch.Tensor):
         """(the input the layer caches, the zero padding its convolution adds)."""
@@ -114,14 +162,219 @@ class Conv2d(_CachingLayer, nn.Conv2d):
             input = F.pad(input, pads, mode=mode)
         return input, padding
 
+    def _cached_inputs(self, input: torch.Tensor) -> list:
+        if input.dim() == len(self.kernel_size) + 1:
+            input = input.unsqueeze(0)
+        return [self._padded(input)[0]]
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._caches():
             return self._conv_forward(input, self.weight, self.bias)
-        if input.dim() == 3:  # unbatched [C, H, W], as torch accepts
+        if input.dim() == len(self.kernel_size) + 1:  # unbatched, as torch accepts
             return self.forward(input.unsqueeze(0)).squeeze(0)
         input, padding = self._padded(input)
+        return self._convolve(input, padding)
+
+
+class Conv1d(_Convolution, nn.Conv1d):
+    """``torch.nn.Conv1d`` that caches its input compactly: a Conv2d of height one, run by
+    dropit's conv2d operator (its sparse weight gradient included)."""
+
+    def _cached_inputs(self, input: torch.Tensor) -> list:
+        return [cached.unsqueeze(2) for cached in super()._cached_inputs(input)]
+
+    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
+        return self._call(functional._conv2d, input.unsqueeze(2), self.weight.unsqueeze(2),
+                          self.bias, (1, *self.stride), (0, *padding), (1, *self.dilation),
+                          self.groups).squeeze(2)
+
+
+class Conv2d(_Convolution, nn.Conv2d):
+    """``torch.nn.Conv2d`` that caches its input compactly."""
+
+    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
         return self._call(functional._conv2d, input, self.weight, self.bias, self.stride,
                           padding, self.dilation, self.groups)
+
+
+class Conv3d(_Convolution, nn.Conv3d):
+    """``torch.nn.Conv3d`` that caches its input compactly. dropit has no sparse 3-D weight
+    gradient: backward densifies the cache and runs torch's own convolution backward on it."""
+
+    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
+        weight, bias = self.weight, self.bias
+        device = input.device.type
+        if torch.is_autocast_enabled(device):  # as torch's conv3d: the autocast dtype, cache too
+            dtype = torch.get_autocast_dtype(device)
+            input, weight = input.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        return self._call(_convolution.convolution, input, weight, bias, list(self.stride),
+                          list(padding), list(self.dilation), self.groups)[0]
+
+
+class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
+    """``torch.nn.MultiheadAttention`` whose input and output projections cache their inputs
+    compactly, with the same parameters, state dict and results (masks, ``need_weights``,
+    ``is_causal``, ``batch_first``, unbatched inputs); attention runs through torch's
+    ``scaled_dot_product_attention``, or explicitly where the weights are returned, as torch's
+    does. ``add_bias_kv`` and ``add_zero_attn`` are not supported. In eval mode or without gradients
+    it is torch's module."""
+
+    _channel_axis = -1
+
+    def __init__(self, embed_dim: int, num_heads: int, dropout: float = 0.0, bias: bool = True,
+                 add_bias_kv: bool = False, add_zero_attn: bool = False, kdim=None, vdim=None,
+                 batch_first: bool = False, device=None, dtype=None,
+                 dropit_policy: Optional[Policy] = None, **fields):
+        if add_bias_kv or add_zero_attn:
+            raise ValueError("dropit.nn.MultiheadAttention does not support add_bias_kv=True or "
+                             "add_zero_attn=True; use torch.nn.MultiheadAttention")
+        super().__init__(embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim,
+                         vdim, batch_first, device=device, dtype=dtype)
+        self._init_dropit(dropit_policy, fields)
+
+    def _projection_weights(self) -> tuple:
+        if self._qkv_same_embed_dim:
+            return self.in_proj_weight, self.out_proj.weight
+        return self.q_proj_weight, self.k_proj_weight, self.v_proj_weight, self.out_proj.weight
+
+    def _learns(self) -> bool:
+        return any(weight.requires_grad for weight in self._projection_weights())
+
+    def _cached_inputs(self, query, key, value, key_padding_mask=None, need_weights=True,
+                       *args, **kwargs) -> list:
+        distinct = [query] + [t for t in (key, value) if t is not query and t is not key]
+        if not need_weights:  # the fused attention keeps the out-projection's input (forward)
+            return distinct
+        out_proj_input = torch.empty(query.shape[:-1] + (self.embed_dim,), dtype=query.dtype,
+                                     device="meta")
+        return distinct + [out_proj_input]
+
+    def _linear(self, input, weight, bias):
+        return self._call(functional._linear, input, weight, bias)
+
+    def _project_inputs(self, query, key, value, self_attention: bool, shared_key_value: bool):
+        """q, k, v as torch's in-projection computes them, each projection caching its input."""
+        embed_dim = self.embed_dim
+        if not self._qkv_same_embed_dim:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+            biases = (None,) * 3 if self.in_proj_bias is None else self.in_proj_bias.chunk(3)
+            return tuple(self._linear(x, w, b)
+                         for x, w, b in zip((query, key, value), weights, biases))
+        weight, bias = self.in_proj_weight, self.in_proj_bias
+        if self_attention:  # one projection of one input, split into q, k, v
+            packed = self._linear(query, weight, bias)
+            packed = packed.unflatten(-1, (3, embed_dim)).unsqueeze(0).transpose(0, -2)
+            packed = packed.squeeze(-2).contiguous()
+            return packed[0], packed[1], packed[2]
+        if shared_key_value:
+            weight_q, weight_kv = weight.split([embed_dim, 2 * embed_dim])
+            bias_q, bias_kv = (None, None) if bias is None else bias.split(
+                [embed_dim, 2 * embed_dim])
+            packed = self._linear(key, weight_kv, bias_kv)
+            packed = packed.unflatten(-1, (2, embed_dim)).unsqueeze(0).transpose(0, -2)
+            packed = packed.squeeze(-2).contiguous()
+            return self._linear(query, weight_q, bias_q), packed[0], packed[1]
+        biases = (None,) * 3 if bias is None else bias.chunk(3)
+        return tuple(self._linear(x, w, b)
+                     for x, w, b in zip((query, key, value), weight.chunk(3), biases))
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: Optional[torch.Tensor] = None, need_weights: bool = True,
+                attn_mask: Optional[torch.Tensor] = None, average_attn_weights: bool = True,
+                is_causal: bool = False):
+        if not self._caches():
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        self_attention, shared_key_value = query is key and key is value, key is value
+        batched = query.dim() == 3
+        if not batched:
+            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
+            if key_padding_mask is not None:
+                key_padding_mask = key_padding_mask.unsqueeze(0)
+        elif self.batch_first:
+            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+        target_length, batch, embed_dim = query.shape
+        source_length, heads, head_dim = key.shape[0], self.num_heads, self.head_dim
+
+        key_padding_mask = _additive_mask(key_padding_mask, query.dtype, "key_padding_mask")
+        attn_mask = _additive_mask(attn_mask, query.dtype, "attn_mask")
+        if is_causal and attn_mask is None:
+            raise RuntimeError("dropit.nn.MultiheadAttention: is_causal=True is a hint that needs "
+                               "attn_mask, as torch's nn.MultiheadAttention")
+        # As torch: the causal hint is used only where the mask need not be materialised.
+        causal = is_causal and key_padding_mask is None and not need_weights
+        if causal:
+            attn_mask = None
+        elif attn_mask is not None:
+            expected = ((target_length, source_length) if attn_mask.dim() == 2 else
+                        (batch * heads, target_length, source_length))
+            if tuple(attn_mask.shape) != expected:
+                raise RuntimeError(f"attn_mask of shape {tuple(attn_mask.shape)}; expected "
+                                   f"{expected}")
+            if attn_mask.dim() == 2:
+                attn_mask = attn_mask.unsqueeze(0)
+        if key_padding_mask is not None:
+            if tuple(key_padding_mask.shape) != (batch, source_length):
+                raise RuntimeError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}; "
+                                   f"expected {(batch, source_length)}")
+            padding = key_padding_mask.view(batch, 1, 1, source_length).expand(
+                -1, heads, -1, -1).reshape(batch * heads, 1, source_length)
+            attn_mask = padding if attn_mask is None else attn_mask + padding
+
+        q, k, v = self._project_inputs(query, key, value, self_attention, shared_key_value)
+        q = q.view(target_length, batch * heads, head_dim).transpose(0, 1)
+        k = k.view(source_length, batch * heads, head_dim).transpose(0, 1)
+        v = v.view(source_length, batch * heads, head_dim).transpose(0, 1)
+        dropout = self.dropout if self.training else 0.0
+        weights, attention_keeps_output = None, False
+        if need_weights:
+            scaled = q * math.sqrt(1.0 / float(head_dim))
+            if attn_mask is None:
+                weights = torch.bmm(scaled, k.transpose(-2, -1))
+            else:
+                weights = torch.baddbmm(attn_mask, scaled, k.transpose(-2, -1))
+            weights = F.softmax(weights, dim=-1)
+            if dropout > 0.0:
+                weights = F.dropout(weights, p=dropout)
+            output = torch.bmm(weights, v).transpose(0, 1)
+        else:
+            if attn_mask is not None:
+                attn_mask = (attn_mask.unsqueeze(0) if attn_mask.size(0) == 1 else
+                             attn_mask.view(batch, heads, -1, source_length))
+            q, k, v = (t.view(batch, heads, -1, head_dim) for t in (q, k, v))
+            output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout, causal)
+            output = output.permute(2, 0, 1, 3)
+            # Where the fused attention lays its output out [L, N, H, D], that output is the
+            # out-projection's input as it stands and the attention keeps it for its own
+            # backward: saving it once more costs nothing, a cache would add to it.
+            attention_keeps_output = output.is_contiguous()
+        output = output.contiguous().view(target_length * batch, embed_dim)
+        if attention_keeps_output:
+            output = F.linear(output, self.out_proj.weight, self.out_proj.bias)
+        else:
+            output = self._linear(output, self.out_proj.weight, self.out_proj.bias)
+        output = output.view(target_length, batch, -1)
+        if weights is not None:
+            weights = weights.view(batch, heads, target_length, source_length)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)
+        if not batched:
+            output = output.squeeze(1)
+            weights = None if weights is None else weights.squeeze(0)
+        elif self.batch_first:
+            output = output.transpose(0, 1)
+        return output, weights
+
+
+def _additive_mask(mask: Optional[torch.Tensor], dtype: torch.dtype, name: str):
+    """A boolean mask (True: may not attend) as the float mask torch adds to the scores."""
+    if mask is None or mask.is_floating_point():
+        return mask if mask is None else mask.to(dtype)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{name} of dtype {mask.dtype}; only bool and floating-point masks are "
+                        "supported")
+    return torch.zeros_like(mask, dtype=dtype).masked_fill_(mask, float("-inf"))
 
 
 class ReLU(nn.ReLU):

@@ -1,6 +1,7 @@
-"""The policies and dtypes the layer and CUDA tests run through, named once."""
+"""The policies, dtypes and layers the tests run through, named once."""
 
 import torch
+from torch import nn
 
 POLICIES = [
     dict(policy="chunked_min_k", chunk_size=256),
@@ -11,3 +12,20 @@ POLICIES = [
 ]
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's transformers.pytorch_utils.Conv1D, as it is written there: a linear layer
+    with its weight stored [nx, nf]."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf, self.nx = nf, nx
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.zeros(nf))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)

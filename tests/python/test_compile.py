@@ -12,6 +12,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
+from cases import Conv1D
 
 ops = torch.ops.dropit
 
@@ -113,6 +114,59 @@ def test_compiled_gamma_09_equals_eager_dropit(policy):
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     assert len(recorder.graphs["dynamo"]) == 1  # compiled once, not every step
+
+
+class Sequence(nn.Module):
+    """Every other layer convert replaces: Conv3d (densified weight gradient), Conv1d,
+    nn.TransformerEncoderLayer's attention, Hugging Face's Conv1D."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.video = nn.Conv3d(2, 4, 3, padding=1)
+        self.signal = nn.Conv1d(4, 16, 3, padding=1)
+        self.encoder = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
+                                                  batch_first=True)
+        self.head = Conv1D(10, 16)
+
+    def forward(self, x):
+        h = self.signal(self.video(x).mean(dim=(3, 4))).transpose(1, 2)
+        return self.head(self.encoder(h)).mean(dim=1)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.9])
+def test_compiled_sequence_layers_equal_eager(gamma):
+    """At gamma 0 equal to dense, at 0.9 to eager dropit; the first layer (skip_first, decided in
+    the first eager forward) is left dense in both."""
+    dense = Sequence()
+    eager = copy.deepcopy(dense)
+    report = dropit.convert(eager, gamma=gamma, chunk_size=256)
+    x, target = torch.randn(3, 2, 6, 4, 4), torch.randint(0, 10, (3,))
+    expected = gradients(dense if gamma == 0 else eager, x, target)
+    gradients(eager, x, target)  # the first eager forward decided skip_first
+    assert [layer.name for layer in report.skipped] == ["video"]
+    model = copy.deepcopy(eager)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    for _ in range(2):
+        actual = gradients(compiled, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert len(recorder.graphs["dynamo"]) == 1
+    assert {"dropit.conv2d", "dropit.linear"} <= recorder.targets("dynamo")
+
+
+def test_compiled_conv3d_is_one_dropit_operator():
+    dense = nn.Sequential(nn.Conv3d(2, 3, 3, padding=1), nn.Flatten(), nn.Linear(3 * 64, 10))
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.0, skip_first=False)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    x, target = torch.randn(2, 2, 4, 4, 4), torch.randint(0, 10, (2,))
+    for a, e in zip(gradients(compiled, x, target), gradients(dense, x, target)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert "dropit.convolution" in recorder.targets("dynamo")
+    assert "dropit.densify" in recorder.targets("backward")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(),

@@ -30,7 +30,8 @@ def make_model():
     model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
                           nn.Conv2d(8, 8, 3, padding=1, stride=2), nn.ReLU(), nn.Flatten(),
                           nn.Linear(8 * 8 * 8, 10))
-    report = dropit.convert(model, gamma=0.8, chunk_size=CHUNK)
+    report = dropit.convert(model, gamma=0.8, chunk_size=CHUNK,
+                            example_input=torch.randn(1, 3, 16, 16))
     assert [layer.name for layer in report.converted] == ["1", "2", "3", "5"]
     return model
 

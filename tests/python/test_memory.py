@@ -1,10 +1,8 @@
 """Memory measured at the allocator (dropit.memory) on a ResNet-18 and a small ViT, dense vs
 dropit at gamma = 0.9 (chunked min-k, the default).
 
-The expected saving is derived from the encodings (tests/python/cache_sizes.py, the design's
-formulas), independently of the library and of the measurement: every distinct tensor a converted
-Linear/Conv2d reads is, in the dense model, kept alive for backward; dropit keeps its cache
-instead, and a converted ReLU keeps a 1-bit mask instead of its output. The measured drop of the
+The expected saving is derived from the encodings (tests/python/savings.py, the design's
+formulas), independently of the library and of the measurement. The measured drop of the
 bytes held after forward must match that prediction within 10 % below (tensors the prediction
 does not know of) and, on the CPU, 15 % above (allocator rounding of the dropped tensors).
 """
@@ -15,7 +13,7 @@ import pytest
 import torch
 
 import dropit
-from cache_sizes import chunked_min_k_bytes, relu_mask_bytes
+from savings import held_after_forward_and_step_peak, predicted_saving
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
 
@@ -25,45 +23,6 @@ MODELS = {
         image_size=32, patch_size=4, num_layers=4, num_heads=4, hidden_dim=128, mlp_dim=512,
         num_classes=10), (16, 3, 32, 32)),
 }
-
-
-def held_after_forward_and_step_peak(model, x):
-    """(bytes the forward leaves allocated besides its output, peak bytes of the whole step)."""
-    model.train()
-    with dropit.memory.measure(x.device) as forward:
-        out = model(x)
-    with dropit.memory.measure(x.device) as backward:
-        out.square().mean().backward()
-    model.zero_grad(set_to_none=True)
-    held = forward.retained_bytes - out.numel() * out.element_size()
-    return held, max(forward.peak_bytes, forward.retained_bytes + backward.peak_bytes)
-
-
-def predicted_saving(model, x):
-    inputs = {}  # data_ptr -> [dense bytes, planned cache bytes, tensor (kept so ptrs stay unique)]
-    masks = []
-    hooks = []
-
-    def cached(layer, args):
-        t = args[0]
-        policy = layer.dropit_policy
-        entry = inputs.setdefault(t.data_ptr(), [t.numel() * t.element_size(), 0, t])
-        entry[1] += chunked_min_k_bytes(t.numel(), policy.gamma, policy.chunk_size,
-                                        t.element_size())
-
-    def masked(layer, args, out):
-        masks.append(relu_mask_bytes(out.numel()))
-
-    for m in model.modules():
-        if isinstance(m, (dropit.nn.Linear, dropit.nn.Conv2d)):
-            hooks.append(m.register_forward_pre_hook(cached))
-        elif isinstance(m, dropit.nn.ReLU):
-            hooks.append(m.register_forward_hook(masked))
-    with torch.no_grad():
-        model(x)
-    for hook in hooks:
-        hook.remove()
-    return sum(dense - cache for dense, cache, _ in inputs.values()) - sum(masks)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -1,0 +1,85 @@
+"""What a converted model should save, derived from the encodings (cache_sizes.py), independently
+of the library, and what it does save, measured at the allocator.
+
+Every distinct tensor a converted layer reads for its weight gradient is, in the dense model, kept
+alive for backward; dropit keeps its cache instead, and a converted ReLU keeps a 1-bit mask instead
+of its output."""
+
+import torch
+
+import dropit
+from cache_sizes import chunked_min_k_bytes, relu_mask_bytes
+
+
+def _loss(out) -> torch.Tensor:
+    """A scalar of a model's output: a tensor, or a Hugging Face output's logits."""
+    out = getattr(out, "logits", out)
+    return out.float().square().mean()
+
+
+def _output_bytes(out) -> int:
+    out = getattr(out, "logits", out)
+    return out.numel() * out.element_size()
+
+
+def held_after_forward_and_step_peak(model, *args, **kwargs):
+    """(bytes the forward leaves allocated besides its output, peak bytes of the whole step)."""
+    model.train()
+    device = next(model.parameters()).device
+    with dropit.memory.measure(device) as forward:
+        out = model(*args, **kwargs)
+    with dropit.memory.measure(device) as backward:
+        _loss(out).backward()
+    model.zero_grad(set_to_none=True)
+    held = forward.retained_bytes - _output_bytes(out)
+    return held, max(forward.peak_bytes, forward.retained_bytes + backward.peak_bytes)
+
+
+def _read_for_weight_gradient(layer, args, kwargs) -> list:
+    """(key, numel, element bytes) of each tensor ``layer`` caches, read off its arguments (the
+    key identifies a tensor several layers read: the tensor itself, kept alive so that its
+    storage is not reused)."""
+    if isinstance(layer, dropit.nn.MultiheadAttention):
+        names = ("query", "key", "value", "key_padding_mask", "need_weights")
+        given = dict(zip(names, args), **kwargs)
+        query, key, value = given["query"], given["key"], given["value"]
+        read = [query] + [t for t in (key, value) if t is not query and t is not key]
+        tensors = [(t, t.numel(), t.element_size()) for t in read]
+        if not given.get("need_weights", True):
+            # The output projection reads the fused attention's output, which the attention keeps.
+            return tensors
+        # ... or else a new tensor of the query's size.
+        out_numel = query.numel() // query.shape[-1] * layer.embed_dim
+        return tensors + [(object(), out_numel, query.element_size())]
+    input = args[0]
+    if isinstance(layer, (dropit.nn.Conv1d, dropit.nn.Conv2d, dropit.nn.Conv3d)):
+        assert layer.padding_mode == "zeros", "a padded copy is not the tensor read"
+    return [(input, input.numel(), input.element_size())]
+
+
+def predicted_saving(model, *args, **kwargs) -> int:
+    """Bytes the converted ``model`` should hold less than the dense one after a forward on these
+    arguments (chunked min-k)."""
+    inputs = {}  # id(key) -> [dense bytes, planned cache bytes, key]
+    masks, hooks = [], []
+
+    def cached(layer, args, kwargs):
+        policy = layer.dropit_policy
+        assert policy.policy == "chunked_min_k"
+        for key, numel, element in _read_for_weight_gradient(layer, args, kwargs):
+            entry = inputs.setdefault(id(key), [numel * element, 0, key])
+            entry[1] += chunked_min_k_bytes(numel, policy.gamma, policy.chunk_size, element)
+
+    def masked(layer, args, out):
+        masks.append(relu_mask_bytes(out.numel()))
+
+    for m in model.modules():
+        if isinstance(m, dropit.nn.ReLU):
+            hooks.append(m.register_forward_hook(masked))
+        elif isinstance(m, tuple(getattr(dropit.nn, name) for name in dropit.nn.__all__)):
+            hooks.append(m.register_forward_pre_hook(cached, with_kwargs=True))
+    with torch.no_grad():
+        model(*args, **kwargs)
+    for hook in hooks:
+        hook.remove()
+    return sum(dense - cache for dense, cache, _ in inputs.values()) - sum(masks)
