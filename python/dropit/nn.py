@@ -23,6 +23,27 @@ __all__ = ["Conv1d", "Conv2d", "Conv3d", "Linear", "MultiheadAttention", "ReLU",
            "TransposedLinear"]
 
 
+# The autograd nodes of torch's fused attention kernels: each keeps the attention's output for its
+# own backward.
+_FUSED_ATTENTION_NODES = frozenset((
+    "ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
+    "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"))
+
+
+def _kept_by_attention(input: torch.Tensor) -> bool:
+    """Whether ``input`` is a view of a fused attention's output (its heads merged, as an output
+    projection reads it). The attention keeps that tensor for its backward, so a layer reading it
+    saves it at no cost, where a cache would only add to it. Read off the autograd graph, which
+    torch.compile does not trace: a compiled layer caches."""
+    if torch.compiler.is_compiling():
+        return False
+    base = input._base
+    if base is None:
+        return False
+    node = base.grad_fn
+    return node is not None and node.name() in _FUSED_ATTENTION_NODES
+
+
 class _CachingLayer:
     """What Linear and Conv2d share: the policy, the call count, and adoption of a dense layer."""
 
@@ -98,7 +119,7 @@ class Linear(_CachingLayer, nn.Linear):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._caches():
+        if not self._caches() or _kept_by_attention(input):
             return F.linear(input, self.weight, self.bias)
         return self._call(functional._linear, input, self.weight, self.bias)
 
@@ -120,7 +141,7 @@ class TransposedLinear(_CachingLayer, nn.Module):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._caches():  # Hugging Face's own computation
+        if not self._caches() or _kept_by_attention(input):  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(self.bias, input.view(-1, input.size(-1)), self.weight).view(shape)
         return self._call(functional._linear, input, self.weight.t(), self.bias)
@@ -345,9 +366,9 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
             q, k, v = (t.view(batch, heads, -1, head_dim) for t in (q, k, v))
             output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout, causal)
             output = output.permute(2, 0, 1, 3)
-            # Where the fused attention lays its output out [L, N, H, D], that output is the
-            # out-projection's input as it stands and the attention keeps it for its own
-            # backward: saving it once more costs nothing, a cache would add to it.
+            # Where the fused attention lays its output out [L, N, H, D], the output projection
+            # reads that very tensor, which the attention keeps (see _kept_by_attention; decided
+            # from the layout here, so that torch.compile decides the same).
             attention_keeps_output = output.is_contiguous()
         output = output.contiguous().view(target_length * batch, embed_dim)
         if attention_keeps_output:

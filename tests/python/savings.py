@@ -3,7 +3,19 @@ of the library, and what it does save, measured at the allocator.
 
 Every distinct tensor a converted layer reads for its weight gradient is, in the dense model, kept
 alive for backward; dropit keeps its cache instead, and a converted ReLU keeps a 1-bit mask instead
-of its output."""
+of its output. Not the output of torch's fused attention, which the attention itself keeps for its
+backward: a layer reading it (an output projection) saves nothing there, dense or not."""
+
+# The autograd nodes of torch's fused attention kernels, which save their output.
+FUSED_ATTENTION = ("ScaledDotProductFlashAttentionForCpuBackward0",
+                   "ScaledDotProductFlashAttentionBackward0",
+                   "ScaledDotProductEfficientAttentionBackward0",
+                   "ScaledDotProductCudnnAttentionBackward0")
+
+
+def _attention_output(tensor) -> bool:
+    base = tensor if tensor._base is None else tensor._base
+    return base.grad_fn is not None and base.grad_fn.name() in FUSED_ATTENTION
 
 import torch
 
@@ -52,14 +64,16 @@ def _read_for_weight_gradient(layer, args, kwargs) -> list:
         out_numel = query.numel() // query.shape[-1] * layer.embed_dim
         return tensors + [(object(), out_numel, query.element_size())]
     input = args[0]
+    if _attention_output(input):
+        return []
     if isinstance(layer, (dropit.nn.Conv1d, dropit.nn.Conv2d, dropit.nn.Conv3d)):
         assert layer.padding_mode == "zeros", "a padded copy is not the tensor read"
     return [(input, input.numel(), input.element_size())]
 
 
 def predicted_saving(model, *args, **kwargs) -> int:
-    """Bytes the converted ``model`` should hold less than the dense one after a forward on these
-    arguments (chunked min-k)."""
+    """Bytes the converted ``model`` should hold less than the dense one after a training forward
+    on these arguments (chunked min-k)."""
     inputs = {}  # id(key) -> [dense bytes, planned cache bytes, key]
     masks, hooks = [], []
 
@@ -78,7 +92,7 @@ def predicted_saving(model, *args, **kwargs) -> int:
             hooks.append(m.register_forward_hook(masked))
         elif isinstance(m, tuple(getattr(dropit.nn, name) for name in dropit.nn.__all__)):
             hooks.append(m.register_forward_pre_hook(cached, with_kwargs=True))
-    with torch.no_grad():
+    with torch.enable_grad():  # the autograd graph says which tensor is the attention's
         model(*args, **kwargs)
     for hook in hooks:
         hook.remove()

@@ -461,3 +461,36 @@ def test_skip_first_probe_survives_a_failed_forward():
     assert model.embed._runs_dense and [layer.name for layer in report.skipped] == ["embed"]
     assert all("forward" not in m.__dict__ for m in model.modules())
     assert not model._forward_hooks and not model._forward_pre_hooks
+
+
+class FusedAttention(nn.Module):
+    """Attention as timm and Hugging Face write it: one qkv projection, torch's fused attention,
+    heads merged by a view where the kernel's layout allows (``copy_heads``: by a copy)."""
+
+    def __init__(self, width=32, heads=4, copy_heads=False):
+        super().__init__()
+        self.heads, self.copy_heads = heads, copy_heads
+        self.qkv, self.proj = nn.Linear(width, 3 * width), nn.Linear(width, width)
+
+    def forward(self, x):
+        batch, tokens, width = x.shape
+        qkv = self.qkv(x).reshape(batch, tokens, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        out = nn.functional.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        out = out.transpose(1, 2)
+        out = out.clone() if self.copy_heads else out
+        return self.proj(out.reshape(batch, tokens, width))
+
+
+@pytest.mark.parametrize("copy_heads", [False, True], ids=["view", "copy"])
+def test_a_projection_of_the_fused_attention_output_saves_it_as_it_is(copy_heads):
+    """The attention keeps its output for its own backward: a projection reading a view of it runs
+    dense (exact gradient, no cache on top); reading a copy, it caches."""
+    dense = FusedAttention(copy_heads=copy_heads)
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.9, skip_first=False, chunk_size=64)
+    x = torch.randn(2, 10, 32)
+    model(x).square().sum().backward()
+    dense(x).square().sum().backward()
+    assert not torch.allclose(model.qkv.weight.grad, dense.qkv.weight.grad)
+    exact = torch.allclose(model.proj.weight.grad, dense.proj.weight.grad, rtol=1e-5, atol=1e-6)
+    assert exact != copy_heads
