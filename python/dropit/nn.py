@@ -191,8 +191,13 @@ class _Convolution(_CachingLayer):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._caches():
             return self._conv_forward(input, self.weight, self.bias)
-        if input.dim() == len(self.kernel_size) + 1:  # unbatched, as torch accepts
+        dims = len(self.kernel_size)
+        if input.dim() == dims + 1:  # unbatched, as torch accepts
             return self.forward(input.unsqueeze(0)).squeeze(0)
+        if input.dim() != dims + 2:
+            raise ValueError(f"dropit.nn.{type(self).__name__}: input of shape "
+                             f"{list(input.shape)}; expected {dims + 2} dimensions [N, C, ...] "
+                             f"or {dims + 1} (unbatched)")
         input, padding = self._padded(input)
         return self._convolve(input, padding)
 
@@ -321,7 +326,7 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
         key_padding_mask = _additive_mask(key_padding_mask, query.dtype, "key_padding_mask")
         attn_mask = _additive_mask(attn_mask, query.dtype, "attn_mask")
         if is_causal and attn_mask is None:
-            raise RuntimeError("dropit.nn.MultiheadAttention: is_causal=True is a hint that needs "
+            raise ValueError("dropit.nn.MultiheadAttention: is_causal=True is a hint that needs "
                                "attn_mask, as torch's nn.MultiheadAttention")
         # As torch: the causal hint is used only where the mask need not be materialised.
         causal = is_causal and key_padding_mask is None and not need_weights
@@ -331,13 +336,13 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
             expected = ((target_length, source_length) if attn_mask.dim() == 2 else
                         (batch * heads, target_length, source_length))
             if tuple(attn_mask.shape) != expected:
-                raise RuntimeError(f"attn_mask of shape {tuple(attn_mask.shape)}; expected "
+                raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)}; expected "
                                    f"{expected}")
             if attn_mask.dim() == 2:
                 attn_mask = attn_mask.unsqueeze(0)
         if key_padding_mask is not None:
             if tuple(key_padding_mask.shape) != (batch, source_length):
-                raise RuntimeError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}; "
+                raise ValueError(f"key_padding_mask of shape {tuple(key_padding_mask.shape)}; "
                                    f"expected {(batch, source_length)}")
             padding = key_padding_mask.view(batch, 1, 1, source_length).expand(
                 -1, heads, -1, -1).reshape(batch * heads, 1, source_length)

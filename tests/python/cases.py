@@ -29,3 +29,21 @@ class Conv1D(nn.Module):
         size_out = x.size()[:-1] + (self.nf,)
         x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
         return x.view(size_out)
+
+
+class Sequence(nn.Module):
+    """Every other layer convert replaces: Conv3d (densified weight gradient), Conv1d,
+    nn.TransformerEncoderLayer's attention, Hugging Face's Conv1D."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.video = nn.Conv3d(2, 4, 3, padding=1)
+        self.signal = nn.Conv1d(4, 16, 3, padding=1)
+        self.encoder = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
+                                                  batch_first=True)
+        self.head = Conv1D(10, 16)
+
+    def forward(self, x):
+        h = self.signal(self.video(x).mean(dim=(3, 4))).transpose(1, 2)
+        return self.head(self.encoder(h)).mean(dim=1)

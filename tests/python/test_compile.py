@@ -12,7 +12,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
-from cases import Conv1D
+from cases import Sequence
 
 ops = torch.ops.dropit
 
@@ -114,24 +114,6 @@ def test_compiled_gamma_09_equals_eager_dropit(policy):
         for a, e in zip(actual, expected):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     assert len(recorder.graphs["dynamo"]) == 1  # compiled once, not every step
-
-
-class Sequence(nn.Module):
-    """Every other layer convert replaces: Conv3d (densified weight gradient), Conv1d,
-    nn.TransformerEncoderLayer's attention, Hugging Face's Conv1D."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.video = nn.Conv3d(2, 4, 3, padding=1)
-        self.signal = nn.Conv1d(4, 16, 3, padding=1)
-        self.encoder = nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
-                                                  batch_first=True)
-        self.head = Conv1D(10, 16)
-
-    def forward(self, x):
-        h = self.signal(self.video(x).mean(dim=(3, 4))).transpose(1, 2)
-        return self.head(self.encoder(h)).mean(dim=1)
 
 
 @pytest.mark.parametrize("gamma", [0.0, 0.9])

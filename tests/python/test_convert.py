@@ -13,7 +13,7 @@ from torch import nn
 
 import dropit
 from cache_sizes import chunked_min_k_bytes
-from cases import Conv1D
+from cases import Conv1D, Sequence
 
 torchvision = pytest.importorskip("torchvision", reason="torchvision is not installed")
 
@@ -494,3 +494,16 @@ def test_a_projection_of_the_fused_attention_output_saves_it_as_it_is(copy_heads
     assert not torch.allclose(model.qkv.weight.grad, dense.qkv.weight.grad)
     exact = torch.allclose(model.proj.weight.grad, dense.proj.weight.grad, rtol=1e-5, atol=1e-6)
     assert exact != copy_heads
+
+
+def test_the_other_layers_under_cpu_autocast_step_as_dense_at_gamma_zero():
+    dense = Sequence()
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.0, skip_first=False)
+    x, target = torch.randn(3, 2, 6, 4, 4), torch.randint(0, 10, (3,))
+    for m in (dense, model):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            nn.functional.cross_entropy(m(x), target).backward()
+    for (name, p), q in zip(model.named_parameters(), dense.parameters()):
+        assert p.grad.dtype == torch.float32
+        torch.testing.assert_close(p.grad, q.grad, rtol=2e-2, atol=1e-3, msg=name)

@@ -2,7 +2,8 @@
 (test_layers.py, test_memory.py take the `device` fixture):
 
 - the CUDA backend's caches are the CPU backend's, bit for bit (values, positions, densified);
-- a converted ResNet-18 trains on CUDA like the dense one at gamma = 0, under autocast too;
+- a converted ResNet-18 trains on CUDA like the dense one at gamma = 0, under autocast too, and so
+  does a model of the other converted layers (Conv3d, Conv1d, attention, Hugging Face's Conv1D);
 - a dropit training step never synchronises the device (torch's sync debug mode raises if it does);
 - work runs on torch's current stream and on the tensor's device.
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import dropit
-from cases import DTYPES, POLICIES
+from cases import DTYPES, POLICIES, Sequence
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the CUDA tests are skipped", allow_module_level=True)
@@ -132,3 +133,18 @@ def test_a_tensor_on_another_device_than_the_current_one():
     torch.testing.assert_close(dropit.functional.densify(cache).cpu(),
                                dropit.functional.densify(dropit.functional.compress(x.cpu(),
                                                                                     gamma=0.5)))
+
+
+@pytest.mark.parametrize("autocast_dtype", [None, torch.bfloat16], ids=["fp32", "autocast-bf16"])
+def test_gamma_zero_sequence_layers_step_equals_dense(autocast_dtype):
+    dense = Sequence().cuda()
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.0, skip_first=False)
+    x = torch.randn(3, 2, 6, 4, 4, device="cuda")
+    target = torch.randint(0, 10, (3,), device="cuda")
+    dense_loss, dense_grads = step(dense, x, target, autocast_dtype)
+    loss, grads = step(model, x, target, autocast_dtype)
+    tolerance = 1e-3 if autocast_dtype is None else 5e-2
+    torch.testing.assert_close(loss, dense_loss, rtol=tolerance, atol=tolerance)
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=tolerance, atol=tolerance, msg=name)

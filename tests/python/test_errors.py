@@ -65,6 +65,18 @@ BAD_CALLS = [
      "packed cache layout has 2 words"),
     ("memory on an unknown device", lambda: dropit.memory.measure("meta"),
      "cpu and cuda devices, not meta"),
+    ("conv1d rank", lambda: dropit.nn.Conv1d(2, 3, 3)(torch.randn(2, 2, 5, 5)),
+     r"Conv1d: input of shape \[2, 2, 5, 5\]; expected 3 dimensions"),
+    ("conv3d rank", lambda: dropit.nn.Conv3d(2, 3, 3)(torch.randn(2, 5)),
+     r"Conv3d: input of shape \[2, 5\]; expected 5 dimensions"),
+    ("attention mask dtype", lambda: dropit.nn.MultiheadAttention(8, 2)(
+        *[torch.randn(3, 2, 8)] * 3, key_padding_mask=torch.zeros(2, 3, dtype=torch.int32)),
+     "key_padding_mask of dtype torch.int32; only bool and floating-point"),
+    ("attention mask shape", lambda: dropit.nn.MultiheadAttention(8, 2)(
+        *[torch.randn(3, 2, 8)] * 3, attn_mask=torch.zeros(4, 4, dtype=torch.bool)),
+     r"attn_mask of shape \(4, 4\); expected \(3, 3\)"),
+    ("attention with add_bias_kv", lambda: dropit.nn.MultiheadAttention(8, 2, add_bias_kv=True),
+     "does not support add_bias_kv"),
     ("both policy and fields", lambda: dropit.functional.linear(
         torch.randn(2, 4), grad_weight(3, 4), dropit_policy=dropit.Policy(), gamma=0.5),
      "either dropit_policy= or the policy fields"),
