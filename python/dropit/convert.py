@@ -26,6 +26,8 @@ class LayerReport:
     input_shape: Optional[tuple] = None  # of the (first) tensor cached, from ``example_input``
     cache_bytes: Optional[int] = None  # exact bytes of the caches dropit will save
     dense_bytes: Optional[int] = None  # bytes of the tensors cached, which the dense layer saves
+    # An input it needs no cache of: recomputed from its producer, or kept by the attention.
+    reuses_input: bool = False
 
 
 @dataclass
@@ -41,6 +43,8 @@ class ConvertReport:
                 size = (f"  input {list(layer.input_shape)}: cache {layer.cache_bytes} B "
                         f"vs dense {layer.dense_bytes} B "
                         f"({layer.cache_bytes / max(layer.dense_bytes, 1):.3f}x)")
+                if layer.reuses_input:
+                    size += " (input recomputed from its producer or kept by the attention)"
             lines.append(f"  + {layer.name} ({layer.kind}){size}")
         for layer in self.skipped:
             lines.append(f"  - {layer.name} ({layer.kind}): {layer.reason}")
@@ -61,14 +65,16 @@ _REPLACEMENTS = {nn.Linear: dnn.Linear,
                  nn.Conv1d: dnn.Conv1d, nn.Conv2d: dnn.Conv2d, nn.Conv3d: dnn.Conv3d,
                  nn.MultiheadAttention: dnn.MultiheadAttention}
 _REPLACED_BASES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
+# Producers whose output a dropit linear layer recomputes instead of caching (recompute=True).
+_PRODUCERS = {nn.LayerNorm: dnn.LayerNorm, nn.GELU: dnn.GELU, nn.SiLU: dnn.SiLU}
 # Weight-bearing layers dropit leaves, and why.
 _LEFT = ((nn.modules.conv._ConvTransposeNd, "a transposed convolution: dropit has none"),
          (nn.Bilinear, "a bilinear layer: dropit has none"))
 
 
 class _Converter:
-    def __init__(self, policy: Policy, relu: bool, exclude: List[str]):
-        self.policy, self.relu = policy, relu
+    def __init__(self, policy: Policy, relu: bool, recompute: bool, exclude: List[str]):
+        self.policy, self.relu, self.recompute = policy, relu, recompute
         self.exclude = [re.compile(pattern) for pattern in exclude]
         self.report = ConvertReport()
         self.layers = 0
@@ -108,7 +114,7 @@ class _Converter:
 
     def replacement_for(self, parent: nn.Module, child: nn.Module, name: str):
         kind = type(child).__name__
-        if isinstance(child, (dnn._CachingLayer, dnn.ReLU)):
+        if isinstance(child, (dnn._CachingLayer, dnn._Producer, dnn.ReLU)):
             return self.skip(name, kind, "already a dropit layer")
         for left, reason in _LEFT:
             if isinstance(child, left):
@@ -132,13 +138,17 @@ class _Converter:
             if dtype not in functional.SUPPORTED_DTYPES:
                 return self.skip(name, kind, f"parameters of dtype {dtype}; dropit supports "
                                  "float32, float16 and bfloat16")
-        elif not (self.relu and type(child) is nn.ReLU):
+        elif self.relu and type(child) is nn.ReLU:
+            layer = dnn.ReLU
+        elif self.recompute and type(child) in _PRODUCERS and not getattr(child, "inplace", False):
+            layer = _PRODUCERS[type(child)]
+        else:
             return None
         if any(pattern.search(name) for pattern in self.exclude):
             return self.skip(name, kind, "matches an exclude pattern")
         self.report.converted.append(LayerReport(name, kind))
-        if type(child) is nn.ReLU:
-            return dnn.ReLU.from_dense(child)
+        if not issubclass(layer, dnn._CachingLayer):
+            return layer.from_dense(child)
         # Each layer draws its own random positions.
         seed = (self.policy.seed + self.layers * 0x9E3779B97F4A7C15) % 2**64
         self.layers += 1
@@ -200,18 +210,21 @@ def _measure(model: nn.Module, example_input, converter: _Converter, skip_first:
             if _fed_by(inputs, args, kwargs):
                 fed_by_input.append(layer.name)
             if layer.input_shape is None:
-                cached = module._cached_inputs(*args, **kwargs)
-                layer.input_shape = tuple(cached[0].shape)
+                read = module._weight_gradient_inputs(*args, **kwargs)
+                cached = [x for x, is_cached in read if is_cached]
+                layer.input_shape = tuple(read[0][0].shape)
                 layer.cache_bytes = sum(
                     module.dropit_policy.plan(x.shape, x.dtype, module._channel_axis)["bytes"]
                     for x in cached)
-                layer.dense_bytes = sum(x.numel() * x.element_size() for x in cached)
+                layer.dense_bytes = sum(x.numel() * x.element_size() for x, _ in read)
+                layer.reuses_input = len(cached) < len(read)
 
         hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
     was_training = model.training
     try:
         model.eval()
-        with torch.no_grad():
+        # With gradients: the autograd graph says which inputs need no cache (_reuse).
+        with torch.enable_grad():
             model(*args, **kwargs)
     finally:
         model.train(was_training)
@@ -263,11 +276,13 @@ class _FirstForwardProbe:
 def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
             granularity: str = "element", chunk_size: int = 16384, relu: bool = True,
             skip_first: bool = True, exclude: Union[str, Iterable[str]] = (), seed: int = 0,
-            rescale: bool = False, example_input=None) -> ConvertReport:
+            rescale: bool = False, example_input=None, recompute: bool = True) -> ConvertReport:
     """Replaces, in place, every nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention
     and Hugging Face Conv1D of ``model`` (held as attributes or in Sequential, ModuleList or
     ModuleDict, at any depth) by a dropit layer that shares its parameters, and every nn.ReLU by
-    the 1-bit-mask ReLU when ``relu``. State dicts are unchanged.
+    the 1-bit-mask ReLU when ``relu``, and every nn.LayerNorm, nn.GELU and nn.SiLU by a producer
+    whose output a dropit linear layer reading it recomputes in backward instead of caching (exact:
+    the producer keeps its input anyway) when ``recompute``. State dicts are unchanged.
 
     skip_first: leave dense the layers whose input is the model's own input (the batch, which stays
         alive anyway). Decided in the forward on ``example_input`` when given (the dense layer is
@@ -281,7 +296,7 @@ def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
     """
     chosen = Policy(gamma, policy, granularity, chunk_size, seed, rescale)
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
-    converter = _Converter(chosen, relu, patterns)
+    converter = _Converter(chosen, relu, recompute, patterns)
     converter.visit(model, "")
     if example_input is not None:
         _measure(model, example_input, converter, skip_first)

@@ -9,6 +9,7 @@ in eval mode or under ``torch.no_grad`` they run torch's own dense forward.
 """
 
 import copy
+import functools
 import math
 from typing import Optional
 
@@ -16,32 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _convolution, functional
+from . import _convolution, _reuse, functional
 from ._policy import Policy
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "Linear", "MultiheadAttention", "ReLU",
-           "TransposedLinear"]
-
-
-# The autograd nodes of torch's fused attention kernels: each keeps the attention's output for its
-# own backward.
-_FUSED_ATTENTION_NODES = frozenset((
-    "ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
-    "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"))
-
-
-def _kept_by_attention(input: torch.Tensor) -> bool:
-    """Whether ``input`` is a view of a fused attention's output (its heads merged, as an output
-    projection reads it). The attention keeps that tensor for its backward, so a layer reading it
-    saves it at no cost, where a cache would only add to it. Read off the autograd graph, which
-    torch.compile does not trace: a compiled layer caches."""
-    if torch.compiler.is_compiling():
-        return False
-    base = input._base
-    if base is None:
-        return False
-    node = base.grad_fn
-    return node is not None and node.name() in _FUSED_ATTENTION_NODES
+__all__ = ["Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm", "Linear", "MultiheadAttention",
+           "ReLU", "SiLU", "TransposedLinear"]
 
 
 class _CachingLayer:
@@ -54,9 +34,10 @@ class _CachingLayer:
         self.dropit_policy = functional._policy_of(dropit_policy, fields)
         self._dropit_arguments = self.dropit_policy.arguments(self._channel_axis, 0)
 
-    def _cached_inputs(self, input: torch.Tensor) -> list:
-        """The tensors whose caches the layer saves in a call on these arguments."""
-        return [input]
+    def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
+        """(tensor, cached) for each tensor the layer reads for its weight gradient in a call on
+        these arguments, which the dense layer saves: cached, or else needing no cache."""
+        return [(input, True)]
 
     def _learns(self) -> bool:
         """Whether a weight the layer caches its input for needs a gradient."""
@@ -107,11 +88,19 @@ class _CachingLayer:
         return f"{super().extra_repr()}, {self._policy_repr()}"
 
 
-class Linear(_CachingLayer, nn.Linear):
-    """``torch.nn.Linear`` that caches its input compactly. Policy fields as in :class:`Policy`
-    (gamma=0.9, policy="chunked_min_k", granularity="element", chunk_size=16384, ...)."""
+class _LinearLayer(_CachingLayer):
+    """What Linear and TransposedLinear share: an input that needs no cache (_reuse) is not
+    cached."""
 
     _channel_axis = -1
+
+    def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
+        return [(input, not _reuse.reusable(input))]
+
+
+class Linear(_LinearLayer, nn.Linear):
+    """``torch.nn.Linear`` that caches its input compactly. Policy fields as in :class:`Policy`
+    (gamma=0.9, policy="chunked_min_k", granularity="element", chunk_size=16384, ...)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None,
                  dtype=None, dropit_policy: Optional[Policy] = None, **fields):
@@ -119,17 +108,18 @@ class Linear(_CachingLayer, nn.Linear):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._caches() or _kept_by_attention(input):
+        if not self._caches():
             return F.linear(input, self.weight, self.bias)
+        output = _reuse.linear_reusing_input(input, self.weight, self.bias)
+        if output is not None:
+            return output
         return self._call(functional._linear, input, self.weight, self.bias)
 
 
-class TransposedLinear(_CachingLayer, nn.Module):
+class TransposedLinear(_LinearLayer, nn.Module):
     """Hugging Face's ``Conv1D`` (GPT-2 and the models built like it): a linear layer whose weight
     is stored [in_features, out_features] (``nx``, ``nf``), with the same parameters and state
     dict, that caches its input compactly. ``from_dense`` adopts one."""
-
-    _channel_axis = -1
 
     def __init__(self, nf: int, nx: int, device=None, dtype=None,
                  dropit_policy: Optional[Policy] = None, **fields):
@@ -141,9 +131,12 @@ class TransposedLinear(_CachingLayer, nn.Module):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if not self._caches() or _kept_by_attention(input):  # Hugging Face's own computation
+        if not self._caches():  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(self.bias, input.view(-1, input.size(-1)), self.weight).view(shape)
+        output = _reuse.linear_reusing_input(input, self.weight.t(), self.bias)
+        if output is not None:
+            return output
         return self._call(functional._linear, input, self.weight.t(), self.bias)
 
     def extra_repr(self) -> str:
@@ -183,10 +176,10 @@ class _Convolution(_CachingLayer):
             input = F.pad(input, pads, mode=mode)
         return input, padding
 
-    def _cached_inputs(self, input: torch.Tensor) -> list:
+    def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         if input.dim() == len(self.kernel_size) + 1:
             input = input.unsqueeze(0)
-        return [self._padded(input)[0]]
+        return [(self._padded(input)[0], True)]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not self._caches():
@@ -206,8 +199,9 @@ class Conv1d(_Convolution, nn.Conv1d):
     """``torch.nn.Conv1d`` that caches its input compactly: a Conv2d of height one, run by
     dropit's conv2d operator (its sparse weight gradient included)."""
 
-    def _cached_inputs(self, input: torch.Tensor) -> list:
-        return [cached.unsqueeze(2) for cached in super()._cached_inputs(input)]
+    def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
+        return [(read.unsqueeze(2), cached)
+                for read, cached in super()._weight_gradient_inputs(input)]
 
     def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
         return self._call(functional._conv2d, input.unsqueeze(2), self.weight.unsqueeze(2),
@@ -267,19 +261,22 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
     def _learns(self) -> bool:
         return any(weight.requires_grad for weight in self._projection_weights())
 
-    def _cached_inputs(self, query, key, value, key_padding_mask=None, need_weights=True,
-                       *args, **kwargs) -> list:
-        distinct = [query] + [t for t in (key, value) if t is not query and t is not key]
+    def _weight_gradient_inputs(self, query, key, value, key_padding_mask=None,
+                                need_weights=True, *args, **kwargs) -> list:
+        recomputed = query is key and key is value and _reuse.recipe_of(query) is not None
+        read = [(query, not recomputed)] + [(t, True) for t in (key, value)
+                                            if t is not query and t is not key]
         if not need_weights:  # the fused attention keeps the out-projection's input (forward)
-            return distinct
+            return read
         out_proj_input = torch.empty(query.shape[:-1] + (self.embed_dim,), dtype=query.dtype,
                                      device="meta")
-        return distinct + [out_proj_input]
+        return read + [(out_proj_input, True)]
 
     def _linear(self, input, weight, bias):
         return self._call(functional._linear, input, weight, bias)
 
-    def _project_inputs(self, query, key, value, self_attention: bool, shared_key_value: bool):
+    def _project_inputs(self, query, key, value, self_attention: bool, shared_key_value: bool,
+                        recipe):
         """q, k, v as torch's in-projection computes them, each projection caching its input."""
         embed_dim = self.embed_dim
         if not self._qkv_same_embed_dim:
@@ -289,7 +286,12 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
                          for x, w, b in zip((query, key, value), weights, biases))
         weight, bias = self.in_proj_weight, self.in_proj_bias
         if self_attention:  # one projection of one input, split into q, k, v
-            packed = self._linear(query, weight, bias)
+            if recipe is None:
+                packed = self._linear(query, weight, bias)
+            else:
+                recompute, sources = recipe
+                packed = _reuse.RecomputedInputLinear.apply(query, weight, bias, recompute,
+                                                            *sources)
             packed = packed.unflatten(-1, (3, embed_dim)).unsqueeze(0).transpose(0, -2)
             packed = packed.squeeze(-2).contiguous()
             return packed[0], packed[1], packed[2]
@@ -313,13 +315,19 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
             return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                                    average_attn_weights, is_causal)
         self_attention, shared_key_value = query is key and key is value, key is value
+        # A self-attention input a producer can recompute: the projection caches nothing.
+        recipe = None
+        if self_attention and not torch.compiler.is_compiling():
+            recipe = _reuse.recipe_of(query)
         batched = query.dim() == 3
-        if not batched:
-            query, key, value = (t.unsqueeze(1) for t in (query, key, value))
-            if key_padding_mask is not None:
+        arrange = _sequence_first if batched and self.batch_first else (
+            _single_batch if not batched else None)
+        if arrange is not None:
+            query, key, value = (arrange(t) for t in (query, key, value))
+            if not batched and key_padding_mask is not None:
                 key_padding_mask = key_padding_mask.unsqueeze(0)
-        elif self.batch_first:
-            query, key, value = (t.transpose(0, 1) for t in (query, key, value))
+            if recipe is not None:
+                recipe = (functools.partial(_arranged, arrange, recipe[0]), recipe[1])
         target_length, batch, embed_dim = query.shape
         source_length, heads, head_dim = key.shape[0], self.num_heads, self.head_dim
 
@@ -348,7 +356,7 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
                 -1, heads, -1, -1).reshape(batch * heads, 1, source_length)
             attn_mask = padding if attn_mask is None else attn_mask + padding
 
-        q, k, v = self._project_inputs(query, key, value, self_attention, shared_key_value)
+        q, k, v = self._project_inputs(query, key, value, self_attention, shared_key_value, recipe)
         q = q.view(target_length, batch * heads, head_dim).transpose(0, 1)
         k = k.view(source_length, batch * heads, head_dim).transpose(0, 1)
         v = v.view(source_length, batch * heads, head_dim).transpose(0, 1)
@@ -372,7 +380,7 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
             output = F.scaled_dot_product_attention(q, k, v, attn_mask, dropout, causal)
             output = output.permute(2, 0, 1, 3)
             # Where the fused attention lays its output out [L, N, H, D], the output projection
-            # reads that very tensor, which the attention keeps (see _kept_by_attention; decided
+            # reads that very tensor, which the attention keeps (see _reuse; decided
             # from the layout here, so that torch.compile decides the same).
             attention_keeps_output = output.is_contiguous()
         output = output.contiguous().view(target_length * batch, embed_dim)
@@ -393,6 +401,18 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
         return output, weights
 
 
+def _sequence_first(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(0, 1)
+
+
+def _single_batch(t: torch.Tensor) -> torch.Tensor:
+    return t.unsqueeze(1)
+
+
+def _arranged(arrange, recompute, *sources) -> torch.Tensor:
+    return arrange(recompute(*sources))
+
+
 def _additive_mask(mask: Optional[torch.Tensor], dtype: torch.dtype, name: str):
     """A boolean mask (True: may not attend) as the float mask torch adds to the scores."""
     if mask is None or mask.is_floating_point():
@@ -401,6 +421,47 @@ def _additive_mask(mask: Optional[torch.Tensor], dtype: torch.dtype, name: str):
         raise TypeError(f"{name} of dtype {mask.dtype}; only bool and floating-point masks are "
                         "supported")
     return torch.zeros_like(mask, dtype=dtype).masked_fill_(mask, float("-inf"))
+
+
+class _Producer:
+    """What LayerNorm, GELU and SiLU share: their output, read by a dropit linear layer, is
+    recomputed in that layer's backward from the input they keep for their own backward anyway,
+    so the layer caches nothing and its weight gradient is the dense one."""
+
+    @classmethod
+    def from_dense(cls, dense: nn.Module):
+        """A producer with ``dense``'s parameters, buffers, hooks and mode."""
+        layer = cls.__new__(cls)
+        layer.__dict__.update({name: copy.copy(value) if isinstance(value, dict) else value
+                               for name, value in dense.__dict__.items()})
+        return layer
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        output = super().forward(input)
+        if output is input:  # in place: nothing left to recompute from
+            return output
+        return _reuse.mark_recomputable(output, self._recompute, input)
+
+
+class LayerNorm(_Producer, nn.LayerNorm):
+    """``torch.nn.LayerNorm`` whose output a dropit linear layer recomputes instead of caching."""
+
+    def _recompute(self, input: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+class GELU(_Producer, nn.GELU):
+    """``torch.nn.GELU`` whose output a dropit linear layer recomputes instead of caching."""
+
+    def _recompute(self, input: torch.Tensor) -> torch.Tensor:
+        return F.gelu(input, approximate=self.approximate)
+
+
+class SiLU(_Producer, nn.SiLU):
+    """``torch.nn.SiLU`` whose output a dropit linear layer recomputes instead of caching."""
+
+    def _recompute(self, input: torch.Tensor) -> torch.Tensor:
+        return F.silu(input)
 
 
 class ReLU(nn.ReLU):

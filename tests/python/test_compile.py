@@ -119,10 +119,11 @@ def test_compiled_gamma_09_equals_eager_dropit(policy):
 @pytest.mark.parametrize("gamma", [0.0, 0.9])
 def test_compiled_sequence_layers_equal_eager(gamma):
     """At gamma 0 equal to dense, at 0.9 to eager dropit; the first layer (skip_first, decided in
-    the first eager forward) is left dense in both."""
+    the first eager forward) is left dense in both. (The eager recomputation of a LayerNorm's
+    output is not traced: the compiler's partitioner does its own, so it is off here.)"""
     dense = Sequence()
     eager = copy.deepcopy(dense)
-    report = dropit.convert(eager, gamma=gamma, chunk_size=256)
+    report = dropit.convert(eager, gamma=gamma, chunk_size=256, recompute=False)
     x, target = torch.randn(3, 2, 6, 4, 4), torch.randint(0, 10, (3,))
     expected = gradients(dense if gamma == 0 else eager, x, target)
     gradients(eager, x, target)  # the first eager forward decided skip_first
@@ -179,7 +180,7 @@ def test_selective_checkpointing_saves_the_caches_and_recomputes_the_rest():
 
     x = torch.randn(128, 256, requires_grad=True)
     reference = wide()
-    dropit.convert(reference, gamma=0.9, skip_first=False)
+    dropit.convert(reference, gamma=0.9, skip_first=False, recompute=False)  # caches only
     model = copy.deepcopy(reference)
     context = functools.partial(create_selective_checkpoint_contexts, keep_dropit_caches)
     held = {}
