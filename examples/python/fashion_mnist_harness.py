@@ -87,6 +87,23 @@ class Run:
         return max(self.step_helds)
 
 
+def measured_step(run: Run, model, optimizer, inputs, targets, loss_fn=F.cross_entropy):
+    """One training step of ``model`` on a batch, recorded in ``run``: its loss, its time, its peak
+    and the bytes its forward left allocated for backward, measured at the allocator."""
+    start = time.perf_counter()
+    with dropit.memory.measure("cpu") as memory:
+        before = dropit.memory.live_bytes("cpu")
+        loss = loss_fn(model(inputs), targets)
+        held = dropit.memory.live_bytes("cpu") - before
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    run.step_seconds.append(time.perf_counter() - start)
+    run.step_peaks.append(memory.peak_bytes)
+    run.step_helds.append(held)
+    run.losses.append(loss.item())
+
+
 def evaluate(model, x, y, image_size: int = 28, batch: int = 500) -> float:
     model.eval()
     correct = 0
@@ -124,19 +141,8 @@ def train_side_by_side(models: Dict[str, torch.nn.Module], train_set, test_set, 
                 images, labels = resize(x[index], image_size), y[index]
                 for run, model, optimizer, schedule in zip(runs, models.values(), optimizers,
                                                            schedules):
-                    start = time.perf_counter()
-                    with dropit.memory.measure("cpu") as memory:
-                        before = dropit.memory.live_bytes("cpu")
-                        loss = F.cross_entropy(model(images), labels)
-                        held = dropit.memory.live_bytes("cpu") - before
-                        optimizer.zero_grad(set_to_none=True)
-                        loss.backward()
-                        optimizer.step()
-                    run.step_seconds.append(time.perf_counter() - start)
-                    run.step_peaks.append(memory.peak_bytes)
-                    run.step_helds.append(held)
+                    measured_step(run, model, optimizer, images, labels)
                     schedule.step()
-                    run.losses.append(loss.item())
                 bar.set_postfix({r.name: f"{r.losses[-1]:.3f}" for r in runs})
                 bar.update()
             for run, model in zip(runs, models.values()):
