@@ -1,5 +1,7 @@
-"""What the Python benchmarks share: the machine's name and the summary of interleaved rounds."""
+"""What the Python benchmarks share: the machine's name, the summary of interleaved rounds, and
+one process's JSON share of a run."""
 
+import json
 import platform
 import statistics
 
@@ -29,3 +31,13 @@ def summarise(times: list, peaks: list, helds: list, baseline: list, baseline_pe
         "held_bytes": max(helds),
         "held_ratio": max(helds) / max(baseline_helds),
     }
+
+
+def write_json(result: dict, path: str = ""):
+    """``result`` as JSON into ``path`` (one process's share of a run), or on stdout without one."""
+    text = json.dumps(result, indent=2)
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text + "\n")
+    else:
+        print(text)

@@ -43,7 +43,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
-from bench_common import cpu_name, summarise
+from bench_common import cpu_name, summarise, write_json
 
 BUDGETS = (1.0, 0.5, 0.3, 0.2)
 GAMMA = 0.9
@@ -289,12 +289,7 @@ def main():
 
     if args.model:
         result = measure(args.model, args.budget, args.rounds, args.warmup)
-        text = json.dumps(result, indent=2)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as out:
-                out.write(text + "\n")
-        else:
-            print(text)
+        write_json(result, args.json)
         return
 
     # Each process's share is kept until the table is written: an interrupted run resumes.

@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 import bench_frontier
 import dropit
-from bench_common import cpu_name, summarise
+from bench_common import cpu_name, summarise, write_json
 
 GAMMA = 0.9
 TARGET = 1.02  # dropit's step time vs dense the project aims at
@@ -278,12 +278,7 @@ def main():
 
     if args.model:
         result = measure(args.model, args.rounds, args.warmup)
-        text = json.dumps(result, indent=2)
-        if args.json:
-            with open(args.json, "w", encoding="utf-8") as out:
-                out.write(text + "\n")
-        else:
-            print(text)
+        write_json(result, args.json)
         return
 
     # Each process's share is kept until the table is written: an interrupted run resumes.
