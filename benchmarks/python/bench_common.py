@@ -2,6 +2,7 @@
 one process's JSON share of a run."""
 
 import json
+import os
 import platform
 import statistics
 
@@ -41,3 +42,14 @@ def write_json(result: dict, path: str = ""):
             out.write(text + "\n")
     else:
         print(text)
+
+
+def save_results(output_dir: str, name: str, label: str, record: dict, text: str):
+    """Writes ``record`` as ``<name>-<label>.json`` and the table ``text`` as ``<name>-<label>.md``
+    into ``output_dir``."""
+    stem = os.path.join(output_dir, name + (f"-{label}" if label else ""))
+    with open(stem + ".json", "w", encoding="utf-8") as f:
+        json.dump(record, f, indent=2)
+        f.write("\n")
+    with open(stem + ".md", "w", encoding="utf-8") as f:
+        f.write(text)

@@ -43,7 +43,7 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
-from bench_common import cpu_name, summarise, write_json
+from bench_common import cpu_name, save_results, summarise, write_json
 
 BUDGETS = (1.0, 0.5, 0.3, 0.2)
 GAMMA = 0.9
@@ -316,13 +316,8 @@ def main():
     text = table(runs, machine, command)
     print(text, end="")
     if args.output_dir:
-        suffix = f"-{args.label}" if args.label else ""
-        with open(os.path.join(args.output_dir, f"frontier{suffix}.json"), "w") as f:
-            json.dump({"machine": machine, "command": command, "gamma": GAMMA, "runs": runs}, f,
-                      indent=2)
-            f.write("\n")
-        with open(os.path.join(args.output_dir, f"frontier{suffix}.md"), "w") as f:
-            f.write(text)
+        save_results(args.output_dir, "frontier", args.label,
+                     {"machine": machine, "command": command, "gamma": GAMMA, "runs": runs}, text)
     for part in parts:
         os.remove(part)
     os.rmdir(scratch)

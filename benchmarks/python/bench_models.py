@@ -41,7 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 import bench_frontier
 import dropit
-from bench_common import cpu_name, summarise, write_json
+from bench_common import cpu_name, save_results, summarise, write_json
 
 GAMMA = 0.9
 TARGET = 1.02  # dropit's step time vs dense the project aims at
@@ -302,19 +302,15 @@ def main():
     print(text, end="")
     print(f"({time.perf_counter() - started:.0f} s)")
     if args.output_dir:
-        suffix = f"-{args.label}" if args.label else ""
         versions = {"torch": torch.__version__, "torchvision": torchvision.__version__}
         for package in ("timm", "transformers"):
             try:
                 versions[package] = __import__(package).__version__
             except ImportError:
                 pass
-        with open(os.path.join(args.output_dir, f"models{suffix}.json"), "w") as f:
-            json.dump({"machine": machine, "command": command, "gamma": GAMMA, "target": TARGET,
-                       "versions": versions, "note": args.note, "runs": runs}, f, indent=2)
-            f.write("\n")
-        with open(os.path.join(args.output_dir, f"models{suffix}.md"), "w") as f:
-            f.write(text)
+        save_results(args.output_dir, "models", args.label,
+                     {"machine": machine, "command": command, "gamma": GAMMA, "target": TARGET,
+                      "versions": versions, "note": args.note, "runs": runs}, text)
     for part in parts:
         os.remove(part)
     os.rmdir(scratch)
