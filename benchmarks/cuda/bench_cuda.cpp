@@ -27,10 +27,12 @@
 #include <concepts>
 #include <cstdio>
 #include <dropit/cuda.hpp>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -135,16 +137,27 @@ constexpr cudaDataType_t cuda_type() {
                                              : CUDA_R_16F;
 }
 
+/// `n` standard normal values from `seed`, drawn once per (n, seed) for the whole run: every case
+/// of a size reads the same data, and drawing it again for each case would cost more than timing.
+const std::vector<float>& normal_values(std::int64_t n, unsigned seed) {
+  static std::map<std::pair<std::int64_t, unsigned>, std::vector<float>> drawn;
+  auto [entry, fresh] = drawn.try_emplace({n, seed});
+  if (fresh) {
+    std::mt19937 generator(seed);
+    std::normal_distribution<float> normal;
+    entry->second.resize(static_cast<std::size_t>(n));
+    for (auto& value : entry->second) value = normal(generator);
+  }
+  return entry->second;
+}
+
 /// A device tensor of `n` standard normal values (post-ReLU when `relu`), fixed seed.
 template <class T>
 std::unique_ptr<device_buffer> normal_tensor(std::int64_t n, bool relu, unsigned seed) {
-  std::mt19937 generator(seed);
-  std::normal_distribution<float> normal;
-  std::vector<T> host(static_cast<std::size_t>(n));
-  for (auto& value : host) {
-    const float x = normal(generator);
-    value = T(relu && x < 0 ? 0.0f : x);
-  }
+  const std::vector<float>& values = normal_values(n, seed);
+  std::vector<T> host(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i)
+    host[i] = T(relu && values[i] < 0 ? 0.0f : values[i]);
   auto device = std::make_unique<device_buffer>(host.size() * sizeof(T));
   check(cudaMemcpy(device->get(), host.data(), device->bytes(), cudaMemcpyHostToDevice), "upload");
   return device;
