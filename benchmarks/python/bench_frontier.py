@@ -19,12 +19,19 @@ allocator (``dropit.memory``): "held" is what forward leaves allocated (what bac
 "peak" the highest above what was live before the step. "grad dist" is the relative distance
 ‖g − g_dense‖ / ‖g_dense‖ of the first step's gradients (all parameters) from eager dense's.
 
+On a GPU (``--device cuda``) the batches are larger (see ``Workload``), step times come from CUDA
+events and memory from torch's caching allocator; ``--autocast bfloat16`` runs every variant under
+autocast; ``--compiled dense`` leaves out compiled dropit.
+
     python3 benchmarks/python/bench_frontier.py [--models resnet50 vit decoder] [--rounds 6]
         [--output-dir benchmarks/results --label amd-epyc-2c]
+    python3 benchmarks/python/bench_frontier.py --device cuda --models resnet18 resnet50 vit \
+        --budgets 1.0 0.5 --compiled dense
     python3 benchmarks/python/bench_frontier.py --model vit --budget 0.5   # one process's share
 """
 
 import argparse
+import contextlib
 import copy
 import functools
 import json
@@ -86,37 +93,51 @@ class Decoder(nn.Module):
 
 
 class Workload:
-    """A model, a batch of it, its loss, and where its blocks are (for checkpointing)."""
+    """A model, a batch of it (on ``device``), its loss, and where its blocks are (for
+    checkpointing). A GPU gets batches that keep it busy; the CPU, batches a 2-core machine steps
+    in about a second."""
 
-    def __init__(self, name):
+    # name: (CPU batch, GPU batch)
+    BATCH = {"resnet18": (16, 128), "resnet50": (16, 64), "vit": (8, 64), "decoder": (8, 32)}
+
+    def __init__(self, name, device="cpu"):
+        if name not in self.BATCH:
+            raise ValueError(f"unknown model {name}; expected one of {', '.join(self.BATCH)}")
         self.name = name
+        self.device = torch.device(device)
+        batch = self.BATCH[name][self.device.type == "cuda"]
         generator = torch.Generator().manual_seed(1)
         torch.manual_seed(0)
-        if name == "resnet50":
-            self.model = torchvision.models.resnet50(num_classes=10)
-            self.batch = (torch.randn(16, 3, 128, 128, generator=generator),
-                          torch.randint(0, 10, (16,), generator=generator))
-            self.shape = "batch 16, 128²"
+        if name in ("resnet18", "resnet50"):
+            side = 128 if self.device.type == "cpu" or name == "resnet18" else 160
+            self.model = getattr(torchvision.models, name)(num_classes=10)
+            self.batch = (torch.randn(batch, 3, side, side, generator=generator),
+                          torch.randint(0, 10, (batch,), generator=generator))
+            self.shape = f"batch {batch}, {side}²"
         elif name == "vit":
             self.model = torchvision.models.VisionTransformer(
                 image_size=224, patch_size=16, num_layers=6, num_heads=6, hidden_dim=384,
                 mlp_dim=1536, num_classes=10)
-            self.batch = (torch.randn(8, 3, 224, 224, generator=generator),
-                          torch.randint(0, 10, (8,), generator=generator))
-            self.shape = "6×384, batch 8, 224²"
-        elif name == "decoder":
+            self.batch = (torch.randn(batch, 3, 224, 224, generator=generator),
+                          torch.randint(0, 10, (batch,), generator=generator))
+            self.shape = f"6×384, batch {batch}, 224²"
+        else:
             vocab, tokens = 2048, 256
             self.model = Decoder(vocab, tokens, width=256, layers=4, heads=4)
-            text = torch.randint(0, vocab, (8, tokens + 1), generator=generator)
+            text = torch.randint(0, vocab, (batch, tokens + 1), generator=generator)
             self.batch = (text[:, :-1], text[:, 1:])
-            self.shape = "4×256, batch 8, 256 tokens, vocabulary 2048"
-        else:
-            raise ValueError(f"unknown model {name}")
+            self.shape = f"4×256, batch {batch}, 256 tokens, vocabulary 2048"
+        self.model.to(self.device)
+        self.batch = tuple(t.to(self.device) for t in self.batch)
+        self.autocast = None
 
     def loss(self, model):
         x, y = self.batch
-        out = model(x)
-        return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
+        autocast = (torch.autocast(self.device.type, dtype=self.autocast) if self.autocast
+                    else contextlib.nullcontext())
+        with autocast:
+            out = model(x)
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
 
 
 def blocks(model):
@@ -173,7 +194,7 @@ def converted(model, example_input):
     return model
 
 
-def variants(workload, budget):
+def variants(workload, budget, compiled=("dense", "dropit")):
     """The variants one process measures: eager dense first (the baseline), then the rest."""
     dense = workload.model
     out = {"eager dense": dense}
@@ -182,24 +203,51 @@ def variants(workload, budget):
         out["checkpoint"] = checkpointed(copy.deepcopy(dense))
         out["SAC"] = checkpointed(copy.deepcopy(dense), save_compute_intensive)
     else:
-        out[f"compiled dense {budget}"] = torch.compile(copy.deepcopy(dense), fullgraph=True)
-        out[f"compiled dropit {budget}"] = torch.compile(
-            converted(copy.deepcopy(dense), workload.batch[0]), fullgraph=True)
+        if "dense" in compiled:
+            out[f"compiled dense {budget}"] = torch.compile(copy.deepcopy(dense), fullgraph=True)
+        if "dropit" in compiled:
+            out[f"compiled dropit {budget}"] = torch.compile(
+                converted(copy.deepcopy(dense), workload.batch[0]), fullgraph=True)
     return out
 
 
 # --- the measurement -------------------------------------------------------------------------------
 
+class _Clock:
+    """Seconds of a stretch of work: wall time on the CPU; on a GPU, CUDA events on the current
+    stream (read after the step, so timing adds no synchronisation inside it)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def start(self):
+        if self.cuda:
+            self.begin = torch.cuda.Event(enable_timing=True)
+            self.begin.record()
+        else:
+            self.begin = time.perf_counter()
+
+    def stop(self):
+        if not self.cuda:
+            return time.perf_counter() - self.begin
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        end.synchronize()
+        return self.begin.elapsed_time(end) / 1e3
+
+
 def step(workload, model, optimizer):
     """(seconds, peak bytes above those live before, bytes forward left allocated, gradients)."""
+    device = workload.device
     optimizer.zero_grad(set_to_none=True)
-    with dropit.memory.measure("cpu") as memory:
-        start = time.perf_counter()
-        before = dropit.memory.live_bytes("cpu")
+    clock = _Clock(device)
+    with dropit.memory.measure(device) as memory:
+        clock.start()
+        before = dropit.memory.live_bytes(device)
         loss = workload.loss(model)
-        held = dropit.memory.live_bytes("cpu") - before
+        held = dropit.memory.live_bytes(device) - before
         loss.backward()
-        seconds = time.perf_counter() - start
+        seconds = clock.stop()
     gradients = [p.grad for p in model.parameters()]
     optimizer.step()
     return seconds, memory.peak_bytes, held, gradients
@@ -211,11 +259,12 @@ def distance(gradients, reference):
     return math.sqrt(num / den)
 
 
-def measure(name, budget, rounds, warmup):
+def measure(name, budget, rounds, warmup, device="cpu", autocast="", compiled=("dense", "dropit")):
     if budget is not None:
         torch._functorch.config.activation_memory_budget = budget
-    workload = Workload(name)
-    models = variants(workload, budget)
+    workload = Workload(name, device)
+    workload.autocast = getattr(torch, autocast) if autocast else None
+    models = variants(workload, budget, compiled)
     for model in models.values():
         model.train()
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
@@ -242,18 +291,19 @@ def measure(name, budget, rounds, warmup):
                           peaks["eager dense"], helds["eager dense"])
         entry["grad_distance"] = distance(first_gradients[v], first_gradients["eager dense"])
         entry["first_step_s"] = compile_seconds[v]
-        if v.startswith("compiled dropit"):
+        if v.startswith("compiled dropit") and compiled_dense in times:
             entry["time_vs_compiled_dense"] = statistics.median(
                 a / b for a, b in zip(times[v], times[compiled_dense]))
             entry["held_vs_compiled_dense"] = max(helds[v]) / max(helds[compiled_dense])
         result[v] = entry
-    return {"model": name, "shape": workload.shape, "budget": budget, "variants": result}
+    return {"model": name, "shape": workload.shape, "budget": budget, "device": device,
+            "autocast": autocast, "variants": result}
 
 
 # --- the whole frontier: one process per (model, budget) ---------------------------------------
 
 def table(runs, machine, command):
-    lines = [f"Frontier: training step on the CPU ({machine}); gamma {GAMMA}; ratios to eager "
+    lines = [f"Frontier: training step on {machine}; gamma {GAMMA}; ratios to eager "
              "dense measured in the same process, interleaved (median of per-round ratios).", "",
              f"Command: `{command}`", "",
              "| model | variant | held vs dense | peak vs dense | time vs dense | "
@@ -274,8 +324,15 @@ def table(runs, machine, command):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["resnet50", "vit", "decoder"])
-    parser.add_argument("--budgets", nargs="+", type=float, default=list(BUDGETS))
+    parser.add_argument("--models", nargs="+", default=["resnet50", "vit", "decoder"],
+                        choices=list(Workload.BATCH))
+    parser.add_argument("--budgets", nargs="*", type=float, default=list(BUDGETS),
+                        help="compiler memory budgets (none: the eager variants only)")
+    parser.add_argument("--compiled", nargs="+", default=["dense", "dropit"],
+                        choices=["dense", "dropit"], help="which models to compile at each budget")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--autocast", default="", choices=["", "bfloat16", "float16"],
+                        help="run every variant under autocast to this type")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (compiles)")
     parser.add_argument("--model", help="measure one process's share: this model ...")
@@ -286,22 +343,32 @@ def main():
     args = parser.parse_args()
     if args.warmup < 1:
         parser.error("--warmup must be at least 1 (the first step compiles)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
 
     if args.model:
-        result = measure(args.model, args.budget, args.rounds, args.warmup)
+        result = measure(args.model, args.budget, args.rounds, args.warmup, args.device,
+                         args.autocast, args.compiled)
         write_json(result, args.json)
         return
 
-    # Each process's share is kept until the table is written: an interrupted run resumes.
+    # Each process's share is kept until the table is written: an interrupted run resumes, and a
+    # run stopped at a time limit leaves the shares it finished. Every model's eager variants come
+    # first, then each budget for every model.
     runs, parts = [], []
     scratch = os.path.join(args.output_dir or ".", ".frontier-parts")
     os.makedirs(scratch, exist_ok=True)
-    for name in args.models:
-        for budget in [None] + args.budgets:
-            part = os.path.join(scratch, f"{name}-{budget or 'eager'}-{args.rounds}.json")
+    for budget in [None] + args.budgets:
+        for name in args.models:
+            tag = "-".join(filter(None, [name, str(budget or "eager"), args.device, args.autocast,
+                                         str(args.rounds)]))
+            part = os.path.join(scratch, tag + ".json")
             if not os.path.exists(part):
                 command = [sys.executable, __file__, "--model", name, "--rounds", str(args.rounds),
-                           "--warmup", str(args.warmup), "--json", part]
+                           "--warmup", str(args.warmup), "--json", part, "--device", args.device,
+                           "--compiled", *args.compiled]
+                if args.autocast:
+                    command += ["--autocast", args.autocast]
                 if budget is not None:
                     command += ["--budget", str(budget)]
                 print("frontier:", name, "eager" if budget is None else f"budget {budget}",
@@ -310,8 +377,12 @@ def main():
             with open(part, encoding="utf-8") as f:
                 runs.append(json.load(f))
             parts.append(part)
+    runs.sort(key=lambda run: args.models.index(run["model"]))  # the table reads by model
 
-    machine = (f"{cpu_name()}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    where = (f"{torch.cuda.get_device_name()}" if args.device == "cuda"
+             else f"the CPU ({cpu_name()}, {torch.get_num_threads()} threads")
+    machine = (f"{where}, torch {torch.__version__}" + (")" if args.device == "cpu" else "")
+               + (f", autocast {args.autocast}" if args.autocast else ""))
     command = " ".join(["python3", "benchmarks/python/bench_frontier.py"] + sys.argv[1:])
     text = table(runs, machine, command)
     print(text, end="")
