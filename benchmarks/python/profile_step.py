@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""Profile of one training step (forward, backward, SGD) of a converted model beside the dense
+one, with torch.profiler: where the step's device time goes, how many kernels each dropit operator
+launches and how much host time it takes per call, and dropit's share of the step.
+
+Tables (Markdown):
+- the step, dense and dropit: kernels launched, device time of those kernels, host (wall) time;
+- each dropit operator (anything whose name holds "dropit", forward and backward, outermost only):
+  calls, kernels per call, host time per call, device time per call, share of the step's device
+  time;
+- the top kernels of the dropit step by device time (on the CPU: the top operators by self time).
+
+    python3 benchmarks/python/profile_step.py --device cuda [--model resnet18] [--output profile.md]
+    python3 benchmarks/python/profile_step.py --batch 4 --size 32       # a quick look on the CPU
+"""
+
+import argparse
+import copy
+import re
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+from torch.profiler import ProfilerActivity, profile
+
+import dropit
+
+
+def build(model_name, batch, size, device):
+    torch.manual_seed(0)
+    if model_name == "vit":
+        model = torchvision.models.VisionTransformer(
+            image_size=size, patch_size=16, num_layers=6, num_heads=6, hidden_dim=384,
+            mlp_dim=1536, num_classes=10)
+    else:
+        model = getattr(torchvision.models, model_name)(num_classes=10)
+    x = torch.randn(batch, 3, size, size, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    return model.to(device), x, y
+
+
+def train_step(model, optimizer, x, y):
+    optimizer.zero_grad(set_to_none=True)
+    F.cross_entropy(model(x), y).backward()
+    optimizer.step()
+
+
+def short_name(name):
+    """A dropit layer's backward node by its layer: the autograd node's C++ type is unreadable."""
+    match = re.search(r"CppNode<dropit::torch::basic_(\w+?)_function", name)
+    return f"backward of dropit::{match.group(1)}" if match else name
+
+
+def is_dropit(event):
+    return "dropit" in event.name.lower()
+
+
+def outermost_dropit(events):
+    """The dropit events with no dropit ancestor (an operator's inner calls count towards it)."""
+    out = []
+    for event in events:
+        if not is_dropit(event):
+            continue
+        parent = event.cpu_parent
+        while parent is not None and not is_dropit(parent):
+            parent = parent.cpu_parent
+        if parent is None:
+            out.append(event)
+    return out
+
+
+def subtree_kernels(event):
+    """(kernels launched, their device time in µs) by an event and everything it called."""
+    count = len(event.kernels)
+    device_us = sum(k.duration for k in event.kernels)
+    for child in event.cpu_children:
+        c, d = subtree_kernels(child)
+        count += c
+        device_us += d
+    return count, device_us
+
+
+def profiled_step(model, x, y, device, warmup):
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for _ in range(warmup):
+        train_step(model, optimizer, x, y)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    if device == "cuda":
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        train_step(model, optimizer, x, y)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - start) * 1e6
+    events = list(prof.events())
+    kernels = [k for e in events for k in e.kernels]
+    return {
+        "prof": prof,
+        "events": events,
+        "wall_us": wall_us,
+        "kernels": len(kernels),
+        "device_us": sum(k.duration for k in kernels),
+    }
+
+
+def per_operator(events):
+    """{operator: [calls, kernels, host µs, device µs]} over the outermost dropit events."""
+    out = {}
+    for event in outermost_dropit(events):
+        count, device_us = subtree_kernels(event)
+        entry = out.setdefault(short_name(event.name), [0, 0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += count
+        entry[2] += event.cpu_time_total
+        entry[3] += device_us
+    return out
+
+
+def report(model_name, shape, device, gamma, dense, converted):
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    lines = [f"# Profile of one training step: {model_name} ({shape}) on {where}, gamma {gamma}",
+             "", f"torch {torch.__version__}; one step after warm-up, torch.profiler.", "",
+             "| step | kernels | device time (ms) | host time (ms) |", "|---|---:|---:|---:|"]
+    for name, run in (("dense", dense), ("dropit", converted)):
+        lines.append(f"| {name} | {run['kernels']} | {run['device_us'] / 1e3:.2f} | "
+                     f"{run['wall_us'] / 1e3:.2f} |")
+
+    per_op = per_operator(converted["events"])
+    total_device = max(converted["device_us"], 1e-9)
+    lines += ["", "| dropit operator | calls | kernels per call | host µs per call | "
+              "device µs per call | share of step device time |", "|---|---:|---:|---:|---:|---:|"]
+    shares = 0.0
+    for name, (calls, count, host_us, device_us) in sorted(
+            per_op.items(), key=lambda item: -item[1][3] - item[1][2] * 1e-6):
+        shares += device_us / total_device
+        lines.append(f"| `{name}` | {calls} | {count / calls:.1f} | {host_us / calls:.1f} | "
+                     f"{device_us / calls:.1f} | {100 * device_us / total_device:.1f} % |")
+    lines += ["", f"dropit's operators: {100 * shares:.1f} % of the step's device time, "
+              f"{sum(v[2] for v in per_op.values()) / 1e3:.2f} ms of host time (their own and "
+              "what they call)."]
+
+    if device == "cuda":
+        lines += ["", "| top kernels (dropit step) | calls | device time (ms) | share |",
+                  "|---|---:|---:|---:|"]
+        by_kernel = {}
+        for event in converted["events"]:
+            for k in event.kernels:
+                entry = by_kernel.setdefault(k.name, [0, 0.0])
+                entry[0] += 1
+                entry[1] += k.duration
+        for name, (calls, us) in sorted(by_kernel.items(), key=lambda item: -item[1][1])[:15]:
+            lines.append(f"| `{name[:90]}` | {calls} | {us / 1e3:.3f} | "
+                         f"{100 * us / total_device:.1f} % |")
+    else:
+        lines += ["", "| top operators (dropit step, self CPU time) | calls | self ms |",
+                  "|---|---:|---:|"]
+        averages = converted["prof"].key_averages()
+        for avg in sorted(averages, key=lambda a: -a.self_cpu_time_total)[:15]:
+            lines.append(f"| `{avg.key[:90]}` | {avg.count} | {avg.self_cpu_time_total / 1e3:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--model", default="resnet18", choices=["resnet18", "resnet50", "vit"])
+    parser.add_argument("--batch", type=int, help="default: 128 on a GPU, 8 on the CPU")
+    parser.add_argument("--size", type=int, help="image side (default: 64; the ViT 224)")
+    parser.add_argument("--gamma", type=float, default=0.9)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--output", default="", help="also write the tables to this file")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    batch = args.batch or (128 if args.device == "cuda" else 8)
+    size = args.size or (224 if args.model == "vit" else 64)
+
+    model, x, y = build(args.model, batch, size, args.device)
+    converted = copy.deepcopy(model)
+    dropit.convert(converted, gamma=args.gamma, example_input=x)  # in place; returns its report
+    dense_run = profiled_step(model, x, y, args.device, args.warmup)
+    converted_run = profiled_step(converted, x, y, args.device, args.warmup)
+    text = report(args.model, f"batch {batch}, {size}²", args.device, args.gamma, dense_run,
+                  converted_run)
+    print(text, end="")
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+"""benchmarks/python/profile_step.py, the profile the GPU check takes of a converted step, on the
+CPU: it must find every converted layer's operator, forward and backward, once per layer."""
+
+import copy
+import os
+import sys
+
+import torch
+
+import dropit
+import dropit.nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "benchmarks",
+                                "python"))
+import profile_step  # noqa: E402
+
+
+def test_profile_counts_one_call_per_converted_layer_each_way():
+    model, x, y = profile_step.build("resnet18", batch=2, size=32, device="cpu")
+    converted = copy.deepcopy(model)
+    dropit.convert(converted, gamma=0.9, example_input=x)
+    # The reference: how often forward calls each converted module (ResNet's blocks call their
+    # one ReLU module twice), counted by forward hooks on a forward of its own.
+    layers = {"conv2d": dropit.nn.Conv2d, "linear": dropit.nn.Linear, "relu": dropit.nn.ReLU}
+    expected = dict.fromkeys(layers, 0)
+    hooks = []
+    for module in converted.modules():
+        for name, kind in layers.items():
+            if isinstance(module, kind):
+                def count(*_, name=name):
+                    expected[name] += 1
+                hooks.append(module.register_forward_hook(count))
+    with torch.no_grad():
+        converted(x)
+    for hook in hooks:
+        hook.remove()
+    assert expected["conv2d"] == 19 and expected["linear"] == 1 and expected["relu"] == 17
+
+    run = profile_step.profiled_step(converted, x, y, "cpu", warmup=1)
+    operators = profile_step.per_operator(run["events"])
+    for name, count in expected.items():
+        assert operators[f"dropit::{name}"][0] == count, name
+        assert operators[f"backward of dropit::{name}"][0] == count, name
+    # No kernels on the CPU; host time is measured for each.
+    assert all(entry[1] == 0 and entry[2] > 0 for entry in operators.values())
+
+    text = profile_step.report("resnet18", "batch 2, 32²", "cpu", 0.9,
+                               profile_step.profiled_step(model, x, y, "cpu", warmup=1), run)
+    assert f"| `dropit::conv2d` | {expected['conv2d']} |" in text
+    assert torch.isfinite(torch.tensor(run["wall_us"]))
