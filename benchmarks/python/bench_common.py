@@ -1,5 +1,5 @@
-"""What the Python benchmarks share: the machine's name, the summary of interleaved rounds, and
-one process's JSON share of a run."""
+"""What the Python benchmarks share: the machine's name, the summary of interleaved rounds, one
+process's JSON share of a run, and the writing of their tables."""
 
 import json
 import os
@@ -53,3 +53,11 @@ def save_results(output_dir: str, name: str, label: str, record: dict, text: str
         f.write("\n")
     with open(stem + ".md", "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def print_table(text: str, path: str = ""):
+    """Prints a Markdown table and, given ``path``, writes it there too."""
+    print(text, end="")
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 import dropit
-from bench_common import cpu_name
+from bench_common import cpu_name, print_table
 
 
 def cases():
@@ -73,10 +73,7 @@ def main():
              "| layer | torch µs | dropit µs | dropit / torch |", "|---|---|---|---|"]
     lines += [f"| {name} | {t:.1f} | {d:.1f} | {ratio:.2f}× |" for name, t, d, ratio in rows]
     text = "\n".join(lines) + "\n"
-    print(text, end="")
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
+    print_table(text, args.output)
 
 
 if __name__ == "__main__":

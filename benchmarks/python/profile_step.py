@@ -25,6 +25,7 @@ import torchvision
 from torch.profiler import ProfilerActivity, profile
 
 import dropit
+from bench_common import print_table
 
 
 def build(model_name, batch, size, device):
@@ -184,10 +185,7 @@ def main():
     converted_run = profiled_step(converted, x, y, args.device, args.warmup)
     text = report(args.model, f"batch {batch}, {size}²", args.device, args.gamma, dense_run,
                   converted_run)
-    print(text, end="")
-    if args.output:
-        with open(args.output, "w", encoding="utf-8") as out:
-            out.write(text)
+    print_table(text, args.output)
 
 
 if __name__ == "__main__":
