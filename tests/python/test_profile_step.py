@@ -47,4 +47,3 @@ def test_profile_counts_one_call_per_converted_layer_each_way():
     text = profile_step.report("resnet18", "batch 2, 32²", "cpu", 0.9,
                                profile_step.profiled_step(model, x, y, "cpu", warmup=1), run)
     assert f"| `dropit::conv2d` | {expected['conv2d']} |" in text
-    assert torch.isfinite(torch.tensor(run["wall_us"]))
