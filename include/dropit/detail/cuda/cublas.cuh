@@ -1,13 +1,16 @@
 #pragma once
-// cuBLAS as the CUDA backend uses it. One handle per host thread and device, created on first use
-// and kept for the life of the process (destroying handles at exit would race the CUDA runtime's
-// own teardown); each call binds it to the operation's stream and to a workspace carved from the
-// caller's, so cuBLAS allocates nothing and orders its kernels with dropit's.
+// cuBLAS as the CUDA backend uses it. Handles are created on first use, per device, and live for
+// the process (destroying them at exit would race the CUDA runtime's own teardown, which is why
+// PyTorch keeps its own too); a host thread that ends returns its handles to a process-wide pool
+// for the next thread, so threads that come and go do not each cost a handle. Each call binds the
+// handle to the operation's stream and to a workspace carved from the caller's, so cuBLAS allocates
+// nothing and orders its kernels with dropit's.
 
 #include <cublas_v2.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -25,15 +28,58 @@ inline void check_cublas(cublasStatus_t status, const char* what) {
     fail(what, ": cuBLAS error ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
 }
 
-/// This thread's handle for the current device.
+/// Handles no thread holds, per device; never destroyed (see above).
+struct cublas_handle_pool {
+  std::mutex mutex;
+  std::vector<std::vector<cublasHandle_t>> free_by_device;
+
+  static cublas_handle_pool& instance() {
+    static auto* pool = new cublas_handle_pool;
+    return *pool;
+  }
+};
+
+/// One thread's handles, by device; returned to the pool when the thread ends.
+struct thread_cublas_handles {
+  std::vector<cublasHandle_t> by_device;
+
+  ~thread_cublas_handles() {
+    cublas_handle_pool& pool = cublas_handle_pool::instance();
+    const std::lock_guard lock(pool.mutex);
+    if (pool.free_by_device.size() < by_device.size()) pool.free_by_device.resize(by_device.size());
+    for (std::size_t device = 0; device < by_device.size(); ++device)
+      if (by_device[device] != nullptr) pool.free_by_device[device].push_back(by_device[device]);
+  }
+};
+
+/// This thread's handle for the current device: a pooled one, else a new one. Reductions stay in
+/// float even for 16-bit results (cuBLAS may otherwise split K and sum the parts in the output
+/// type), so a weight gradient is rounded once, as the contract and the CPU backend have it.
 inline cublasHandle_t cublas_handle(const char* what) {
   int device = 0;
   check(cudaGetDevice(&device), what);
-  thread_local std::vector<cublasHandle_t> handles;
+  thread_local thread_cublas_handles mine;
   const auto slot = static_cast<std::size_t>(device);
-  if (handles.size() <= slot) handles.resize(slot + 1, nullptr);
-  if (handles[slot] == nullptr) check_cublas(cublasCreate(&handles[slot]), what);
-  return handles[slot];
+  if (mine.by_device.size() <= slot) mine.by_device.resize(slot + 1, nullptr);
+  cublasHandle_t& handle = mine.by_device[slot];
+  if (handle != nullptr) return handle;
+  {
+    cublas_handle_pool& pool = cublas_handle_pool::instance();
+    const std::lock_guard lock(pool.mutex);
+    if (slot < pool.free_by_device.size() && !pool.free_by_device[slot].empty()) {
+      handle = pool.free_by_device[slot].back();
+      pool.free_by_device[slot].pop_back();
+      return handle;
+    }
+  }
+  cublasHandle_t created = nullptr;
+  check_cublas(cublasCreate(&created), what);
+  check_cublas(cublasSetMathMode(created, static_cast<cublasMath_t>(
+                                              CUBLAS_DEFAULT_MATH |
+                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+               what);
+  handle = created;
+  return handle;
 }
 
 /// The workspace cuBLAS gets, as it documents for its default (4 MiB), plus the slack to align it
