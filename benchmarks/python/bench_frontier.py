@@ -361,7 +361,7 @@ def main():
     for budget in [None] + args.budgets:
         for name in args.models:
             tag = "-".join(filter(None, [name, str(budget or "eager"), args.device, args.autocast,
-                                         str(args.rounds)]))
+                                         *args.compiled, str(args.rounds)]))
             part = os.path.join(scratch, tag + ".json")
             if not os.path.exists(part):
                 command = [sys.executable, __file__, "--model", name, "--rounds", str(args.rounds),
@@ -391,7 +391,8 @@ def main():
                      {"machine": machine, "command": command, "gamma": GAMMA, "runs": runs}, text)
     for part in parts:
         os.remove(part)
-    os.rmdir(scratch)
+    if not os.listdir(scratch):  # another run's shares may still be there
+        os.rmdir(scratch)
 
 
 if __name__ == "__main__":

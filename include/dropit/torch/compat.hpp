@@ -19,6 +19,7 @@
 // packages ship the CUDA headers too, so their presence proves nothing).
 #if defined(DROPIT_TORCH_WITH_CUDA) && DROPIT_TORCH_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #define DROPIT_TORCH_HAS_CUDA 1
 #else
 #define DROPIT_TORCH_HAS_CUDA 0

@@ -98,6 +98,10 @@ class MemoryMeter {
 #if DROPIT_TORCH_HAS_CUDA
       dropit::detail::expect(device_.is_cuda(), "MemoryMeter supports CPU and CUDA devices, not ",
                              device_.str());
+      // `cuda` alone means the current device; the allocator's statistics exist once CUDA is
+      // initialised, which any CUDA tensor does.
+      (void)at::empty({0}, at::TensorOptions().device(device_));
+      if (!device_.has_index()) device_ = c10::Device(c10::kCUDA, c10::cuda::current_device());
 #else
       dropit::detail::fail("MemoryMeter: ", device_.str(),
                            " is not supported by this CPU-only LibTorch build");

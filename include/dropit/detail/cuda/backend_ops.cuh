@@ -48,9 +48,9 @@ void backend_ops<cuda_backend>::densify(const cuda_backend& backend,
 template <storage_type T>
 std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes(const cuda_backend&,
                                                                           const cache_layout& a,
-                                                                          const linear_dims&) {
+                                                                          const linear_dims& d) {
   return workspace_bytes_of(
-      [&](workspace_carver& carver) { cuda::add_linear_scratch<T>(carver, a); });
+      [&](workspace_carver& carver) { cuda::add_linear_scratch<T>(carver, a, d); });
 }
 
 template <storage_type T>
@@ -60,7 +60,7 @@ void backend_ops<cuda_backend>::linear_weight_grad(const cuda_backend& backend,
                                                    workspace memory) {
   cuda::expect_no_pending_error("linear_weight_grad");
   workspace_carver carver(memory);
-  const auto scratch = cuda::add_linear_scratch<T>(carver, a.layout);
+  const auto scratch = cuda::add_linear_scratch<T>(carver, a.layout, d);
   cuda::linear_weight_grad<T>(backend.stream, a, dz, dw, d, mode, scratch);
 }
 

@@ -54,7 +54,7 @@ struct thread_cublas_handles {
 
 /// This thread's handle for the current device: a pooled one, else a new one. Reductions stay in
 /// float even for 16-bit results (cuBLAS may otherwise split K and sum the parts in the output
-/// type), so a weight gradient is rounded once, as the contract and the CPU backend have it.
+/// type).
 inline cublasHandle_t cublas_handle(const char* what) {
   int device = 0;
   check(cudaGetDevice(&device), what);
@@ -110,20 +110,21 @@ inline cublasHandle_t bind_cublas(cudaStream_t stream, std::byte* workspace, con
 }
 
 /// The linear weight gradient by one cublasGemmEx, accumulating in float (tensor cores for the
-/// 16-bit types): row-major dW [N_out, K] (=, or += with `grad_mode::accumulate`) dZᵀ · A, with
-/// A [M, K] and dZ [M, N_out] of type T. In cuBLAS's column-major terms: dWᵀ [K, N_out] =
-/// Aᵀ [K, M] · dZ [M, N_out], where the row-major buffers are the transposes as they stand.
-template <storage_type T>
-void gemm_linear_weight_grad(cudaStream_t stream, const T* a, const T* dz, T* dw,
-                             const linear_dims& d, grad_mode mode, std::byte* workspace) {
+/// 16-bit types): row-major dW [N_out, K] (=, or += with `accumulate`) dZᵀ · A, with A [M, K] and
+/// dZ [M, N_out] of type T and dW of type `Out` (T, or float for a sum stored later). In cuBLAS's
+/// column-major terms: dWᵀ [K, N_out] = Aᵀ [K, M] · dZ [M, N_out], where the row-major buffers are
+/// the transposes as they stand.
+template <storage_type T, class Out>
+void gemm_linear_weight_grad(cudaStream_t stream, const T* a, const T* dz, Out* dw,
+                             const linear_dims& d, bool accumulate, std::byte* workspace) {
   constexpr const char* what = "linear_weight_grad (cuBLAS)";
   const cublasHandle_t handle = bind_cublas(stream, workspace, what);
-  const float alpha = 1.0f, beta = mode == grad_mode::accumulate ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   constexpr cudaDataType_t type = cuda_data_type<T>;
   check_cublas(
       cublasGemmEx_64(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.in_features, d.out_features, d.rows,
-                      &alpha, a, type, d.in_features, dz, type, d.out_features, &beta, dw, type,
-                      d.in_features, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      &alpha, a, type, d.in_features, dz, type, d.out_features, &beta, dw,
+                      cuda_data_type<Out>, d.in_features, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
       what);
 }
 

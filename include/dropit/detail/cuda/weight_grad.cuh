@@ -1,7 +1,8 @@
 #pragma once
 // CUDA weight gradients: densify the cache into a transient workspace, then a dense GEMM.
 // - linear: densify into the input's own type, then cuBLAS (gemm_linear_weight_grad, float
-//   accumulation). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
+//   accumulation). A 16-bit dW is summed into a float workspace and stored once (dW += would
+//   otherwise round the product before the sum: cuBLAS's 16-bit epilogue). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
 //   unrounded product n/k * value (as the CPU backend does), which a 16-bit densify would round, so
 //   it densifies into float and runs the 16x16-tiled kernel of kernels.cuh.
 // - conv2d: densify into the input's own type, then im2col + cuBLAS over blocks of samples: each
@@ -29,6 +30,7 @@ struct gradient_scratch {
   void* dense = nullptr;  // the densified input, [numel] of T (cuBLAS) or of float
   densify_scratch reading;
   std::byte* cublas_workspace = nullptr;  // cuBLAS only
+  float* dw_sum = nullptr;                // cuBLAS with a 16-bit dW: [numel of dW]
 };
 
 /// Whether the linear weight gradient of a `T` cache of `layout` goes through cuBLAS.
@@ -38,12 +40,14 @@ bool linear_uses_cublas(const cache_layout& layout) {
 }
 
 template <storage_type T>
-gradient_scratch add_linear_scratch(workspace_carver& carver, const cache_layout& layout) {
+gradient_scratch add_linear_scratch(workspace_carver& carver, const cache_layout& layout,
+                                    const linear_dims& d) {
   gradient_scratch s;
   const auto n = static_cast<std::size_t>(layout.numel());
   if (linear_uses_cublas<T>(layout)) {
     s.dense = carver.add<T>(n);
     s.cublas_workspace = add_cublas_workspace(carver);
+    if (!std::is_same_v<T, float>) s.dw_sum = carver.add<float>(d.out_features, d.in_features);
   } else {
     s.dense = carver.add<float>(n);
   }
@@ -105,7 +109,17 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
   if (linear_uses_cublas<T>(a.layout)) {
     T* dense = static_cast<T*>(scratch.dense);
     densify<T, T>(stream, a, dense, scratch.reading);
-    gemm_linear_weight_grad<T>(stream, dense, dz, dw, d, mode, scratch.cublas_workspace);
+    if constexpr (std::is_same_v<T, float>) {
+      gemm_linear_weight_grad<T>(stream, dense, dz, dw, d, mode == grad_mode::accumulate,
+                                 scratch.cublas_workspace);
+    } else {
+      const std::int64_t outputs = d.out_features * d.in_features;
+      gemm_linear_weight_grad<T>(stream, dense, dz, scratch.dw_sum, d, false,
+                                 scratch.cublas_workspace);
+      store_gradient_kernel<T>
+          <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
+      check_launch("dropit store_gradient_kernel");
+    }
     return;
   }
   float* dense = static_cast<float*>(scratch.dense);
