@@ -24,10 +24,26 @@ def time_ms(entry):
     return entry["real_time"] * UNIT_TO_MS[entry.get("time_unit", "ns")]
 
 
+def parse(text):
+    """The JSON document, or, when the run was stopped while writing it, the cases it finished.
+
+    Google Benchmark writes one case at a time, so a cut file is complete up to its last `},`."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        end = text.rfind("\n    },")
+        if end < 0 or '"benchmarks"' not in text[:end]:
+            raise
+        data = json.loads(text[: end + len("\n    }")] + "\n  ]\n}")
+        data.setdefault("context", {})["incomplete"] = True
+        return data
+
+
 def load(path):
-    """Returns (context, OrderedDict case name -> entry, in run order)."""
+    """Returns (context, OrderedDict case name -> entry, in run order); context["incomplete"] is
+    set when the file was cut off and only the cases it finished are returned."""
     with open(path) as f:
-        data = json.load(f)
+        data = parse(f.read())
     chosen = OrderedDict()  # name -> (priority, entry); the median beats the mean beats the runs
     runs = OrderedDict()
     for entry in data.get("benchmarks", []):

@@ -104,7 +104,9 @@ def main():
     md = ["# dropit_bench_cuda", "",
           f"- **GPU**: {context.get('gpu', '?')} ({context.get('gpu_memory_GiB', '?')} GiB)",
           f"- **Timing**: {context.get('timing', '?')}; median of the repetitions",
-          f"- **Date**: {context.get('date', '?')}", "",
+          f"- **Date**: {context.get('date', '?')}",
+          *(["- **Incomplete**: the run was stopped at its time limit; the cases it finished are "
+             "listed"] if context.get("incomplete") else []), "",
           "## Compress and densify against a device copy", "",
           "Bandwidth = the bytes a case must move (compress: the input read and the cache written; "
           "densify: the cache read and the dense tensor written) over its time, against "

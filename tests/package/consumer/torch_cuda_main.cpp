@@ -90,6 +90,6 @@ int main() {
   }
 
   std::cout << "dropit::torch_cuda consumer: " << (failures ? "FAILED" : "layers equal torch's")
-            << " on " << torch::cuda::device_count() << " CUDA device(s)\n";
+            << " on " << static_cast<int>(torch::cuda::device_count()) << " CUDA device(s)\n";
   return failures ? 1 : 0;
 }

@@ -1,8 +1,8 @@
 #pragma once
 // CUDA weight gradients: densify the cache into a transient workspace, then a dense GEMM.
 // - linear: densify into the input's own type, then cuBLAS (gemm_linear_weight_grad, float
-//   accumulation). A 16-bit dW is summed into a float workspace and stored once (dW += would
-//   otherwise round the product before the sum: cuBLAS's 16-bit epilogue). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
+//   accumulation). A 16-bit dW += goes through a float workspace and is stored once: cuBLAS's
+//   16-bit epilogue rounds the product before adding it (measured on an H200). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
 //   unrounded product n/k * value (as the CPU backend does), which a 16-bit densify would round, so
 //   it densifies into float and runs the 16x16-tiled kernel of kernels.cuh.
 // - conv2d: densify into the input's own type, then im2col + cuBLAS over blocks of samples: each
@@ -109,7 +109,7 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
   if (linear_uses_cublas<T>(a.layout)) {
     T* dense = static_cast<T*>(scratch.dense);
     densify<T, T>(stream, a, dense, scratch.reading);
-    if constexpr (std::is_same_v<T, float>) {
+    if (std::is_same_v<T, float> || mode == grad_mode::overwrite) {
       gemm_linear_weight_grad<T>(stream, dense, dz, dw, d, mode == grad_mode::accumulate,
                                  scratch.cublas_workspace);
     } else {
