@@ -22,25 +22,6 @@ nn::Sequential block_with_dropout(std::int64_t width) {
   return block;
 }
 
-/// Gradients of the parameters and of the input, after one backward of sum(y²).
-std::vector<at::Tensor> gradients(nn::Module& model, const at::Tensor& input,
-                                  const std::function<at::Tensor(const at::Tensor&)>& forward) {
-  model.zero_grad();
-  const at::Tensor x = input.detach().requires_grad_(true);
-  forward(x).square().sum().backward();
-  std::vector<at::Tensor> grads{x.grad().clone()};
-  for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
-  return grads;
-}
-
-void check_equal(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    INFO("gradient ", i);
-    CHECK(same_values(got[i], want[i]));
-  }
-}
-
 }  // namespace
 
 TEST_CASE("torch: checkpoint gives the plain block's gradients, dropout replayed") {

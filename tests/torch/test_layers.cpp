@@ -207,24 +207,6 @@ TEST_CASE("torch: Conv2d at gamma 0 equals torch::nn::Conv2d in bfloat16") {
 
 namespace {
 
-/// CPU autocast to bfloat16 for the lifetime of the object.
-struct cpu_autocast_bfloat16 {
-  cpu_autocast_bfloat16() { enable(true); }
-  ~cpu_autocast_bfloat16() {
-    enable(false);
-    at::autocast::clear_cache();
-  }
-  static void enable(bool on) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-    at::autocast::set_autocast_enabled(at::kCPU, on);
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-#else
-    at::autocast::set_cpu_enabled(on);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-#endif
-  }
-};
-
 /// Trains `layer` and torch's `reference` (equal parameters) one step under CPU bfloat16
 /// autocast: both outputs are bfloat16, the float32 parameters get float32 gradients, and those
 /// agree to bfloat16's precision.

@@ -83,6 +83,46 @@ inline bool same_values(const at::Tensor& a, const at::Tensor& b) {
   return (both_nan | (a == b)).all().item<bool>();
 }
 
+/// Gradients of the parameters and of the input, after one backward of sum(y²).
+inline std::vector<at::Tensor> gradients(
+    ::torch::nn::Module& model, const at::Tensor& input,
+    const std::function<at::Tensor(const at::Tensor&)>& forward) {
+  model.zero_grad();
+  const at::Tensor x = input.detach().requires_grad_(true);
+  forward(x).square().sum().backward();
+  std::vector<at::Tensor> grads{x.grad().clone()};
+  for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+inline void check_equal(const std::vector<at::Tensor>& got, const std::vector<at::Tensor>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    INFO("gradient ", i);
+    CHECK(same_values(got[i], want[i]));
+  }
+}
+
+/// CPU autocast to bfloat16 for the lifetime of the object.
+struct cpu_autocast_bfloat16 {
+  cpu_autocast_bfloat16() { enable(true); }
+  ~cpu_autocast_bfloat16() {
+    enable(false);
+    at::autocast::clear_cache();
+  }
+  cpu_autocast_bfloat16(const cpu_autocast_bfloat16&) = delete;
+  cpu_autocast_bfloat16& operator=(const cpu_autocast_bfloat16&) = delete;
+  static void enable(bool on) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+    at::autocast::set_autocast_enabled(at::kCPU, on);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+#else
+    at::autocast::set_cpu_enabled(on);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+#endif
+  }
+};
+
 /// Name of the autograd node that produced `t` ("" for none).
 inline std::string grad_fn_name(const at::Tensor& t) {
   return t.grad_fn() ? t.grad_fn()->name() : std::string();

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// `convert`: replaces the Linear and Conv2d layers (and optionally ReLU) of a module tree by
-/// dropit layers that share the existing parameters.
+/// dropit layers that share the existing parameters, and LayerNorm, GELU and SiLU by dropit's
+/// producers, whose output a dropit Linear reading it recomputes instead of caching.
 ///
 /// LibTorch modules call their children through C++ members, which cannot be swapped from outside;
 /// `torch::nn::Sequential` calls its children through type-erased slots, which can. So `convert`
@@ -32,12 +33,17 @@ struct ConvertOptions {
 
 struct ConvertReport {
   std::vector<std::string> converted;
+  /// Producers swapped for dropit's (DropitOptions::recompute): a dropit Linear reading their
+  /// output, untouched, recomputes it in backward and caches nothing.
+  std::vector<std::string> producers;
   /// Qualified name and the reason it was left as it was.
   std::vector<std::pair<std::string, std::string>> skipped;
 
   friend std::ostream& operator<<(std::ostream& out, const ConvertReport& report) {
     out << "converted " << report.converted.size() << " layer(s)";
     for (const auto& name : report.converted) out << "\n  + " << name;
+    for (const auto& name : report.producers)
+      out << "\n  ~ " << name << ": producer, its output recomputed by a dropit Linear reading it";
     for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
     return out;
   }
@@ -64,7 +70,7 @@ class converter {
         if (sequential) {
           *(sequential->begin() + static_cast<std::ptrdiff_t>(index)) = any_module(replacement);
           parent.replace_module(name, replacement);
-          report_.converted.push_back(qualified);
+          (is_producer(*replacement) ? report_.producers : report_.converted).push_back(qualified);
         } else {
           report_.skipped.emplace_back(
               qualified, "held by a C++ member of " + parent.name() +
@@ -87,6 +93,10 @@ class converter {
     auto* linear = dynamic_cast<::torch::nn::LinearImpl*>(&child);
     auto* conv = dynamic_cast<::torch::nn::Conv2dImpl*>(&child);
     auto* relu = dynamic_cast<::torch::nn::ReLUImpl*>(&child);
+    auto* norm = dynamic_cast<::torch::nn::LayerNormImpl*>(&child);
+    auto* gelu = dynamic_cast<::torch::nn::GELUImpl*>(&child);
+    auto* silu = dynamic_cast<::torch::nn::SiLUImpl*>(&child);
+    const bool producer = options_.dropit().recompute() && (norm || gelu || silu);
     if (linear || conv) {
       if (options_.skip_first() && !seen_first_) {
         seen_first_ = true;
@@ -95,7 +105,7 @@ class converter {
       }
       seen_first_ = true;
     }
-    if ((linear || conv || relu) && !options_.exclude().empty() &&
+    if ((linear || conv || relu || producer) && !options_.exclude().empty() &&
         std::regex_search(name, exclude_)) {
       report_.skipped.emplace_back(name, "matches exclude pattern");
       return nullptr;
@@ -109,13 +119,29 @@ class converter {
       replacement->train(relu->is_training());
       return replacement;
     }
+    if (producer && norm) return std::make_shared<LayerNormImpl>(*norm);
+    if (producer && gelu) return std::make_shared<GELUImpl>(*gelu);
+    if (producer && silu) {
+      auto replacement = std::make_shared<SiLUImpl>();
+      replacement->train(silu->is_training());
+      return replacement;
+    }
     return nullptr;
+  }
+
+  static bool is_producer(::torch::nn::Module& m) {
+    return dynamic_cast<LayerNormImpl*>(&m) || dynamic_cast<GELUImpl*>(&m) ||
+           dynamic_cast<SiLUImpl*>(&m);
   }
 
   static ::torch::nn::AnyModule any_module(const std::shared_ptr<::torch::nn::Module>& m) {
     if (auto linear = std::dynamic_pointer_cast<LinearImpl>(m))
       return ::torch::nn::AnyModule(linear);
     if (auto conv = std::dynamic_pointer_cast<Conv2dImpl>(m)) return ::torch::nn::AnyModule(conv);
+    if (auto norm = std::dynamic_pointer_cast<LayerNormImpl>(m))
+      return ::torch::nn::AnyModule(norm);
+    if (auto gelu = std::dynamic_pointer_cast<GELUImpl>(m)) return ::torch::nn::AnyModule(gelu);
+    if (auto silu = std::dynamic_pointer_cast<SiLUImpl>(m)) return ::torch::nn::AnyModule(silu);
     return ::torch::nn::AnyModule(std::dynamic_pointer_cast<ReLUImpl>(m));
   }
 
@@ -129,7 +155,9 @@ class converter {
 }  // namespace detail
 
 /// Replaces the Linear and Conv2d layers of `root` (and ReLU when asked) by dropit layers that
-/// share their parameters. Returns what was converted and what was left, with reasons.
+/// share their parameters, and its LayerNorm, GELU and SiLU by dropit's producers (unless
+/// `options.dropit().recompute()` is off). Returns what was converted and what was left, with
+/// reasons.
 inline ConvertReport convert(::torch::nn::Module& root, const ConvertOptions& options = {}) {
   detail::converter c(options);
   c.visit(root, "");

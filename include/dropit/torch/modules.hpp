@@ -1,18 +1,22 @@
 #pragma once
 /// @file
-/// Drop-in replacements for torch::nn::Linear, torch::nn::Conv2d and torch::nn::ReLU. Parameters
-/// have torch's names, shapes and initialisation (they are created by torch's own layer), so state
-/// dicts load either way. In training mode with gradients enabled the layers save a compact cache;
-/// in eval mode or under no-grad they run the plain dense forward and sparsify nothing.
+/// Drop-in replacements for torch::nn::Linear, torch::nn::Conv2d and torch::nn::ReLU, and for the
+/// producers whose output a dropit Linear recomputes instead of caching (LayerNorm, GELU, SiLU).
+/// Parameters have torch's names, shapes and initialisation (they are created by torch's own
+/// layer), so state dicts load either way. In training mode with gradients enabled the layers save
+/// a compact cache; in eval mode or under no-grad they run the plain dense forward and sparsify
+/// nothing.
 
 #include <cstdint>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <string_view>
 
 #include <torch/nn.h>
 
 #include "functions.hpp"
+#include "recompute.hpp"
 
 namespace dropit::torch {
 
@@ -90,6 +94,10 @@ struct DropitOptions {
   TORCH_ARG(std::uint64_t, seed) = 0;
   /// Scale kept values by n/k for random selection.
   TORCH_ARG(bool, rescale) = false;
+  /// A Linear whose input is the untouched output of a dropit producer (LayerNorm, GELU, SiLU)
+  /// recomputes it in backward instead of caching it: exact, and nothing held of its own.
+  /// `convert` swaps torch's producers for dropit's when this is on.
+  TORCH_ARG(bool, recompute) = true;
 };
 
 /// torch::nn::Linear that caches its input compactly.
@@ -117,6 +125,10 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      if (dropit.recompute())
+        if (const auto recomputable = detail::recipe_of(input))
+          return RecomputedInputLinearFunction::apply(
+              input, weight, compat::optional_argument(bias, weight), *recomputable);
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return LinearFunction::apply(x, w, compat::optional_argument(b, w),
                                    dropit.spec(-1, calls_++));
@@ -228,5 +240,92 @@ class ReLUImpl : public ::torch::nn::Cloneable<ReLUImpl> {
   void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::ReLU()"; }
 };
 DROPIT_TORCH_MODULE(ReLU);
+
+/// torch::nn::LayerNorm whose output a dropit Linear reading it recomputes instead of caching.
+class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
+ public:
+  explicit LayerNormImpl(const ::torch::nn::LayerNormOptions& options) : options(options) {
+    reset();
+  }
+  /// Takes over the parameters of an existing torch layer (they stay shared with it).
+  explicit LayerNormImpl(const ::torch::nn::LayerNormImpl& dense) : options(dense.options) {
+    adopt(dense.weight, dense.bias);
+    train(dense.is_training());
+  }
+
+  void reset() override {
+    ::torch::nn::LayerNorm reference(options);
+    adopt(reference->weight, reference->bias);
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    detail::producer_recipe recipe;
+    recipe.what = detail::producer_recipe::kind::layer_norm;
+    recipe.normalized_shape = options.normalized_shape();
+    recipe.eps = options.eps();
+    const at::Tensor output = recipe.compute({input, weight, bias});
+    detail::mark_recomputable(output, std::move(recipe), {input, weight, bias});
+    return output;
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "dropit::torch::LayerNorm(" << options.normalized_shape() << ", eps=" << options.eps()
+           << ")";
+  }
+
+  ::torch::nn::LayerNormOptions options;
+  at::Tensor weight, bias;
+
+ private:
+  void adopt(const at::Tensor& w, const at::Tensor& b) {
+    weight = register_parameter("weight", w, /*requires_grad=*/w.defined());
+    bias = register_parameter("bias", b, /*requires_grad=*/b.defined());
+  }
+};
+DROPIT_TORCH_MODULE(LayerNorm);
+
+/// torch::nn::GELU whose output a dropit Linear reading it recomputes instead of caching.
+class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {
+ public:
+  explicit GELUImpl(std::string approximate = "none") : approximate(std::move(approximate)) {}
+  explicit GELUImpl(const ::torch::nn::GELUImpl& dense) : GELUImpl(dense.options.approximate()) {
+    train(dense.is_training());
+  }
+  void reset() override {}
+
+  at::Tensor forward(const at::Tensor& input) {
+    detail::producer_recipe recipe;
+    recipe.what = detail::producer_recipe::kind::gelu;
+    recipe.approximate = approximate;
+    const at::Tensor output = recipe.compute({input});
+    detail::mark_recomputable(output, std::move(recipe), {input});
+    return output;
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "dropit::torch::GELU(approximate=" << approximate << ")";
+  }
+
+  std::string approximate;
+};
+DROPIT_TORCH_MODULE(GELU);
+
+/// torch::nn::SiLU whose output a dropit Linear reading it recomputes instead of caching.
+class SiLUImpl : public ::torch::nn::Cloneable<SiLUImpl> {
+ public:
+  SiLUImpl() = default;
+  void reset() override {}
+
+  at::Tensor forward(const at::Tensor& input) {
+    detail::producer_recipe recipe;
+    recipe.what = detail::producer_recipe::kind::silu;
+    const at::Tensor output = recipe.compute({input});
+    detail::mark_recomputable(output, std::move(recipe), {input});
+    return output;
+  }
+
+  void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::SiLU()"; }
+};
+DROPIT_TORCH_MODULE(SiLU);
 
 }  // namespace dropit::torch

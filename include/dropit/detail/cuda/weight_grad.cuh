@@ -2,9 +2,10 @@
 // CUDA weight gradients: densify the cache into a transient workspace, then a dense GEMM.
 // - linear: densify into the input's own type, then cuBLAS (gemm_linear_weight_grad, float
 //   accumulation). A 16-bit dW += goes through a float workspace and is stored once: cuBLAS's
-//   16-bit epilogue rounds the product before adding it (measured on an H200). A 16-bit cache with n/k rescaling is the exception: its gradient uses the
-//   unrounded product n/k * value (as the CPU backend does), which a 16-bit densify would round, so
-//   it densifies into float and runs the 16x16-tiled kernel of kernels.cuh.
+//   16-bit epilogue rounds the product before adding it (measured on an H200). A 16-bit cache with
+//   n/k rescaling is the exception: its gradient uses the unrounded product n/k * value (as the CPU
+//   backend does), which a 16-bit densify would round, so it densifies into float and runs the
+//   16x16-tiled kernel of kernels.cuh.
 // - conv2d: densify into the input's own type, then im2col + cuBLAS over blocks of samples: each
 //   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
 //   into a float dW, stored into dW once at the end (rounded once, as on the CPU). Blocks hold as

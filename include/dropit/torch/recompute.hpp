@@ -1,0 +1,175 @@
+#pragma once
+/// @file
+/// Exact recomputation of a linear layer's input. A cheap producer (dropit::torch::LayerNorm, GELU,
+/// SiLU) marks its output with how to compute it again from tensors autograd keeps anyway for the
+/// producer's own backward (its input and parameters). A dropit Linear that reads such an output,
+/// untouched, saves those tensors instead of a cache and recomputes its input in backward with the
+/// same kernel: it holds nothing of its own, and its weight gradient is the dense one, whatever γ.
+///
+/// The marks are held weakly, per thread: marking keeps no tensor alive, and a layer that finds no
+/// valid mark (another thread, a view or an in-place change of the output, a changed source,
+/// autocast) caches its input as before.
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/autograd.h>
+
+#include "../config.hpp"
+#include "compat.hpp"
+
+namespace dropit::torch {
+namespace detail {
+
+/// How a producer computes its output from its sources.
+struct producer_recipe {
+  enum class kind : std::int64_t { layer_norm, gelu, silu };
+
+  kind what = kind::gelu;
+  std::vector<std::int64_t> normalized_shape;  // layer_norm
+  double eps = 0.0;                            // layer_norm
+  std::string approximate = "none";            // gelu
+
+  /// The producer's output. Sources: layer_norm (input, weight, bias), gelu and silu (input).
+  at::Tensor compute(const std::vector<at::Tensor>& sources) const {
+    switch (what) {
+      case kind::layer_norm:
+        return at::layer_norm(sources.at(0), normalized_shape, sources.at(1), sources.at(2), eps);
+      case kind::gelu:
+        return at::gelu(sources.at(0), approximate);
+      case kind::silu:
+        return at::silu(sources.at(0));
+    }
+    dropit::detail::fail("unknown producer recipe ", static_cast<std::int64_t>(what));
+  }
+
+  /// As autograd's saved data (which holds IValues only), and back.
+  void save(::torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["recipe_kind"] = static_cast<std::int64_t>(what);
+    ctx->saved_data["recipe_shape"] = normalized_shape;
+    ctx->saved_data["recipe_eps"] = eps;
+    ctx->saved_data["recipe_approximate"] = approximate;
+  }
+  static producer_recipe load(::torch::autograd::AutogradContext* ctx) {
+    producer_recipe r;
+    r.what = static_cast<kind>(ctx->saved_data["recipe_kind"].toInt());
+    r.normalized_shape = ctx->saved_data["recipe_shape"].toIntVector();
+    r.eps = ctx->saved_data["recipe_eps"].toDouble();
+    r.approximate = ctx->saved_data["recipe_approximate"].toStringRef();
+    return r;
+  }
+};
+
+/// A producer's output that a layer may recompute: its recipe and sources.
+struct recomputable_input {
+  producer_recipe recipe;
+  std::vector<at::Tensor> sources;
+};
+
+using weak_tensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+struct marked_output {
+  weak_tensor output{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  std::int64_t output_version = 0;
+  producer_recipe recipe;
+  std::vector<weak_tensor> sources;
+  std::vector<bool> source_defined;
+  std::vector<std::int64_t> source_versions;
+};
+
+/// This thread's marks; entries whose output is gone are dropped at the next mark.
+inline std::vector<marked_output>& marked_outputs() {
+  thread_local std::vector<marked_output> marks;
+  return marks;
+}
+
+/// Marks `output` as `recipe.compute(sources)`, when autograd records (a layer under no-grad
+/// saves nothing anyway).
+inline void mark_recomputable(const at::Tensor& output, producer_recipe recipe,
+                              const std::vector<at::Tensor>& sources) {
+  if (!::torch::GradMode::is_enabled()) return;
+  auto& marks = marked_outputs();
+  std::erase_if(marks, [](const marked_output& m) { return m.output.expired(); });
+  marked_output m;
+  m.output = weak_tensor(output.getIntrusivePtr());
+  m.output_version = static_cast<std::int64_t>(output._version());
+  m.recipe = std::move(recipe);
+  for (const at::Tensor& source : sources) {
+    m.sources.emplace_back(source.getIntrusivePtr());
+    m.source_defined.push_back(source.defined());
+    m.source_versions.push_back(source.defined() ? static_cast<std::int64_t>(source._version())
+                                                 : 0);
+  }
+  marks.push_back(std::move(m));
+}
+
+/// The recipe and sources of `input` when it is a marked output that neither it nor its sources
+/// have changed since (and autocast is off: the layer would compute in another dtype than the
+/// producer's output); otherwise none.
+inline std::optional<recomputable_input> recipe_of(const at::Tensor& input) {
+  if (!input.defined() || compat::autocast_dtype(input.device())) return std::nullopt;
+  const auto& marks = marked_outputs();
+  const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
+    return m.output._unsafe_get_target() == input.unsafeGetTensorImpl() && !m.output.expired();
+  });
+  if (found == marks.rend() || found->output_version != static_cast<std::int64_t>(input._version()))
+    return std::nullopt;
+  recomputable_input r{found->recipe, {}};
+  for (std::size_t i = 0; i < found->sources.size(); ++i) {
+    at::Tensor source(found->sources[i].lock());
+    if (source.defined() != found->source_defined[i] ||
+        (source.defined() &&
+         static_cast<std::int64_t>(source._version()) != found->source_versions[i]))
+      return std::nullopt;
+    r.sources.push_back(std::move(source));
+  }
+  return r;
+}
+
+}  // namespace detail
+
+/// y = x Wᵀ + b for an input a producer can compute again: saves the weight and the producer's
+/// sources (which the producer's own backward keeps anyway) and recomputes x for the weight
+/// gradient. The sources are not inputs of this function: x's gradient flows through x.
+struct RecomputedInputLinearFunction
+    : public ::torch::autograd::Function<RecomputedInputLinearFunction> {
+  /// `bias_argument`: the bias, or an empty tensor for none (see compat::optional_argument).
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias_argument,
+                            const detail::recomputable_input& recomputable) {
+    const at::Tensor bias = compat::from_optional_argument(bias_argument);
+    ctx->saved_data["has_bias"] = bias.defined();
+    recomputable.recipe.save(ctx);
+    ::torch::autograd::variable_list saved{weight};
+    saved.insert(saved.end(), recomputable.sources.begin(), recomputable.sources.end());
+    ctx->save_for_backward(saved);
+    return at::linear(input, weight, bias);
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& weight = saved[0];
+    const at::Tensor& dz = grads[0];
+    const at::Tensor dz_rows = dz.reshape({-1, compat::static_sizes(dz).back()});
+    at::Tensor d_input, d_weight, d_bias;
+    if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
+    if (ctx->needs_input_grad(1)) {
+      at::Tensor input;
+      {
+        const ::torch::NoGradGuard no_grad;
+        input = detail::producer_recipe::load(ctx).compute(
+            std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
+      }
+      d_weight = dz_rows.t().mm(input.reshape({-1, compat::static_sizes(input).back()}));
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
+    return {d_input, d_weight, d_bias, at::Tensor()};
+  }
+};
+
+}  // namespace dropit::torch

@@ -1,0 +1,153 @@
+// A dropit Linear reading the untouched output of a dropit producer (LayerNorm, GELU, SiLU)
+// caches nothing and recomputes that output in backward from the tensors the producer's own
+// backward keeps: its weight gradient is torch's, bit for bit, whatever gamma is, and after forward
+// only the producers' inputs stay held. Where the mark no longer holds (the output changed in
+// place, autocast, recompute off) the layer caches as before.
+
+#include <functional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "torch_helpers.hpp"
+
+namespace {
+
+using namespace torch_test;
+using dt::ConvertOptions;
+using dt::DropitOptions;
+namespace nn = ::torch::nn;
+
+constexpr std::int64_t rows = 256, width = 256;
+
+/// linear -> LayerNorm -> linear -> GELU -> linear, the same parameters for the same seed.
+nn::Sequential make_stack(std::uint64_t seed = 0) {
+  ::torch::manual_seed(seed);
+  return nn::Sequential(nn::Linear(64, width), nn::LayerNorm(nn::LayerNormOptions({width})),
+                        nn::Linear(width, 2 * width), nn::GELU(), nn::Linear(2 * width, 64));
+}
+
+/// Bytes the graph holds after forward (the output excluded), on the step after a first one.
+std::int64_t held_after_forward(nn::Sequential& model, const at::Tensor& x) {
+  std::int64_t held = 0;
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad(/*set_to_none=*/true);
+    dt::MemoryMeter meter;
+    const std::int64_t base = meter.current();
+    at::Tensor y = model->forward(x);
+    held = meter.current() - base - static_cast<std::int64_t>(y.nbytes());
+    y.square().sum().backward();
+  }
+  return held;
+}
+
+/// The gradients of sum(y²) with respect to the input and every parameter.
+std::vector<at::Tensor> model_gradients(nn::Sequential& model, const at::Tensor& x) {
+  return gradients(*model, x, [&](const at::Tensor& input) { return model->forward(input); });
+}
+
+}  // namespace
+
+TEST_CASE("torch: Linear layers after a LayerNorm and a GELU recompute their inputs, bit for bit") {
+  nn::Sequential dense = make_stack();
+  nn::Sequential model = make_stack();
+  const dt::ConvertReport report =
+      dt::convert(model, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
+  CHECK(report.converted == std::vector<std::string>{"2", "4"});  // "0" reads the data: dense
+  CHECK(report.producers == std::vector<std::string>{"1", "3"});
+  std::ostringstream printed;
+  printed << report;
+  CHECK(printed.str().find("~ 1: producer") != std::string::npos);
+
+  const at::Tensor x = ::torch::randn({rows, 64});
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(model, x);
+  // Held: the LayerNorm's input and its two per-row statistics, the GELU's input. Dense also holds
+  // both of their outputs.
+  const std::int64_t producer_inputs = 4 * rows * (width + 2 * width);
+  MESSAGE("held after forward: dense ", dense_held, " B, recomputing ", held, " B");
+  CHECK(held >= producer_inputs);
+  CHECK(held <= producer_inputs + 4 * 2 * rows + 4096);
+  CHECK(static_cast<double>(held) / static_cast<double>(dense_held) <= 0.56);
+
+  // The same kernels on the same tensors: bit for bit.
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+}
+
+TEST_CASE("torch: recomputation after SiLU and an affine-free LayerNorm, 3-d inputs, no bias") {
+  const auto make = [] {
+    ::torch::manual_seed(3);
+    return nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({32}).elementwise_affine(false)),
+                          nn::Linear(nn::LinearOptions(32, 48).bias(false)), nn::SiLU(),
+                          nn::Linear(48, 16));
+  };
+  nn::Sequential dense = make(), model = make();
+  const dt::ConvertReport report =
+      dt::convert(model, ConvertOptions().skip_first(false).dropit(DropitOptions().gamma(0.95)));
+  CHECK(report.converted == std::vector<std::string>{"1", "3"});
+  CHECK(report.producers == std::vector<std::string>{"0", "2"});
+  const at::Tensor x = ::torch::randn({4, 8, 32});
+  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputLinear") != std::string::npos);
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+  // Eval mode and no-grad run the plain forward.
+  model->eval();
+  dense->eval();
+  CHECK(same_values(model->forward(x), dense->forward(x)));
+}
+
+TEST_CASE("torch: a Linear caches when its input is no longer the producer's untouched output") {
+  ::torch::manual_seed(5);
+  nn::Linear dense(32, 16);
+  dt::Linear recomputing(*dense, DropitOptions().gamma(0.9));
+  dt::Linear caching(*dense, DropitOptions().gamma(0.9).recompute(false));
+  dt::LayerNorm norm(nn::LayerNormOptions({32}));
+  const at::Tensor x = ::torch::randn({16, 32});
+  const auto recomputed = [](const at::Tensor& y) {
+    return grad_fn_name(y).find("RecomputedInputLinear") != std::string::npos;
+  };
+  CHECK(recomputed(recomputing->forward(norm->forward(x))));
+  CHECK_FALSE(recomputed(caching->forward(norm->forward(x))));  // recompute off
+
+  SUBCASE("changed in place: the cache of the changed values, as without recomputation") {
+    at::Tensor h = norm->forward(x);
+    h.mul_(2.0);
+    const at::Tensor y = recomputing->forward(h);
+    CHECK_FALSE(recomputed(y));
+    const at::Tensor want_input = (norm->forward(x) * 2.0).detach();
+    const at::Tensor upstream = ::torch::randn({16, 16});
+    const auto got = ::torch::autograd::grad({(y * upstream).sum()}, {dense->weight});
+    const auto want =
+        ::torch::autograd::grad({(caching->forward(want_input) * upstream).sum()}, {dense->weight});
+    CHECK(same_values(got[0], want[0]));
+  }
+  SUBCASE("a view of the output") {
+    CHECK_FALSE(recomputed(recomputing->forward(norm->forward(x).view({8, 2, 32}))));
+  }
+  SUBCASE("a source changed in place after the producer ran") {
+    at::Tensor source = x.clone();
+    const at::Tensor h = norm->forward(source);
+    source.add_(1.0);
+    CHECK_FALSE(recomputed(recomputing->forward(h)));
+  }
+  SUBCASE("produced under no-grad") {
+    at::Tensor h;
+    {
+      const ::torch::NoGradGuard no_grad;
+      h = norm->forward(x);
+    }
+    CHECK_FALSE(recomputed(recomputing->forward(h)));
+  }
+  SUBCASE("under autocast the layer computes in another dtype than the producer's output") {
+    const cpu_autocast_bfloat16 autocast;
+    CHECK_FALSE(recomputed(recomputing->forward(norm->forward(x))));
+  }
+}
+
+TEST_CASE("torch: recomputation composes with checkpoint") {
+  nn::Sequential dense = make_stack(7), model = make_stack(7);
+  dt::convert(model, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
+  const at::Tensor x = ::torch::randn({32, 64});
+  dt::Checkpoint wrapped(model);
+  check_equal(gradients(*wrapped, x, [&](const at::Tensor& t) { return wrapped->forward(t); }),
+              model_gradients(dense, x));
+}
