@@ -142,13 +142,17 @@ class AttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Attention);
 
-/// Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
+/// Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x)). The norms are held in
+/// Sequentials, as the layers are, so that convert can swap them for dropit's: the Linear layers
+/// reading their outputs (q, k, v and the MLP's first) then recompute those in backward.
 class TransformerBlockImpl : public torch::nn::Module {
  public:
   TransformerBlockImpl(std::int64_t dim, std::int64_t heads, std::int64_t mlp_ratio) {
-    norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    norm1 = register_module(
+        "norm1", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
     attn = register_module("attn", Attention(dim, heads));
-    norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim})));
+    norm2 = register_module(
+        "norm2", torch::nn::Sequential(torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}))));
     mlp = register_module(
         "mlp", torch::nn::Sequential(torch::nn::Linear(dim, mlp_ratio * dim), torch::nn::GELU(),
                                      torch::nn::Linear(mlp_ratio * dim, dim)));
@@ -159,7 +163,7 @@ class TransformerBlockImpl : public torch::nn::Module {
     return x + mlp->forward(norm2->forward(x));
   }
 
-  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
+  torch::nn::Sequential norm1{nullptr}, norm2{nullptr};
   Attention attn{nullptr};
   torch::nn::Sequential mlp{nullptr};
 };

@@ -151,3 +151,34 @@ TEST_CASE("torch: recomputation composes with checkpoint") {
   check_equal(gradients(*wrapped, x, [&](const at::Tensor& t) { return wrapped->forward(t); }),
               model_gradients(dense, x));
 }
+
+namespace {
+
+/// A LayerNorm held by a C++ member, which convert cannot rebind, before a Sequential's Linear.
+struct NormThenLinearImpl : nn::Module {
+  NormThenLinearImpl()
+      : norm(register_module("norm", nn::LayerNorm(nn::LayerNormOptions({16})))),
+        body(register_module("body", nn::Sequential(nn::Linear(16, 16), nn::Linear(16, 4)))) {}
+  at::Tensor forward(const at::Tensor& x) { return body->forward(norm->forward(x)); }
+  nn::LayerNorm norm;
+  nn::Sequential body;
+};
+TORCH_MODULE(NormThenLinear);
+
+}  // namespace
+
+TEST_CASE("torch: convert reports a producer it cannot swap, and why the next Linear caches") {
+  NormThenLinear net;
+  const dt::ConvertReport report =
+      dt::convert(net, ConvertOptions().skip_first(false).dropit(DropitOptions().gamma(0.9)));
+  CHECK(report.converted == std::vector<std::string>{"body.0", "body.1"});
+  CHECK(report.producers.empty());
+  REQUIRE(report.skipped.size() == 1);
+  CHECK(report.skipped[0].first == "norm");
+  CHECK(report.skipped[0].second.find("producer held by a C++ member") != std::string::npos);
+  CHECK(report.skipped[0].second.find("caches") != std::string::npos);
+  const dt::ConvertReport off =
+      dt::convert(*NormThenLinear(),
+                  ConvertOptions().skip_first(false).dropit(DropitOptions().recompute(false)));
+  CHECK(off.skipped.empty());  // recompute off: the LayerNorm is no candidate
+}

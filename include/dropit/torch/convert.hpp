@@ -71,6 +71,12 @@ class converter {
           *(sequential->begin() + static_cast<std::ptrdiff_t>(index)) = any_module(replacement);
           parent.replace_module(name, replacement);
           (is_producer(*replacement) ? report_.producers : report_.converted).push_back(qualified);
+        } else if (is_producer(*replacement)) {
+          report_.skipped.emplace_back(
+              qualified, "a producer held by a C++ member of " + parent.name() +
+                             ", which convert cannot rebind, so the Linear reading its output "
+                             "caches it; hold it in a torch::nn::Sequential or build it as "
+                             "dropit's (dropit::torch::LayerNorm, GELU, SiLU) to recompute instead");
         } else {
           report_.skipped.emplace_back(
               qualified, "held by a C++ member of " + parent.name() +

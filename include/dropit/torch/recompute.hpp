@@ -91,7 +91,7 @@ inline std::vector<marked_output>& marked_outputs() {
 /// saves nothing anyway).
 inline void mark_recomputable(const at::Tensor& output, producer_recipe recipe,
                               const std::vector<at::Tensor>& sources) {
-  if (!::torch::GradMode::is_enabled()) return;
+  if (!at::GradMode::is_enabled()) return;
   auto& marks = marked_outputs();
   std::erase_if(marks, [](const marked_output& m) { return m.output.expired(); });
   marked_output m;
@@ -161,7 +161,7 @@ struct RecomputedInputLinearFunction
     if (ctx->needs_input_grad(1)) {
       at::Tensor input;
       {
-        const ::torch::NoGradGuard no_grad;
+        const at::NoGradGuard no_grad;
         input = detail::producer_recipe::load(ctx).compute(
             std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
       }
