@@ -263,9 +263,7 @@ class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
     recipe.what = detail::producer_recipe::kind::layer_norm;
     recipe.normalized_shape = options.normalized_shape();
     recipe.eps = options.eps();
-    const at::Tensor output = recipe.compute({input, weight, bias});
-    detail::mark_recomputable(output, std::move(recipe), {input, weight, bias});
-    return output;
+    return detail::produce(std::move(recipe), {input, weight, bias});
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -297,9 +295,7 @@ class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::gelu;
     recipe.approximate = approximate;
-    const at::Tensor output = recipe.compute({input});
-    detail::mark_recomputable(output, std::move(recipe), {input});
-    return output;
+    return detail::produce(std::move(recipe), {input});
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -319,9 +315,7 @@ class SiLUImpl : public ::torch::nn::Cloneable<SiLUImpl> {
   at::Tensor forward(const at::Tensor& input) {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::silu;
-    const at::Tensor output = recipe.compute({input});
-    detail::mark_recomputable(output, std::move(recipe), {input});
-    return output;
+    return detail::produce(std::move(recipe), {input});
   }
 
   void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::SiLU()"; }

@@ -107,6 +107,13 @@ inline void mark_recomputable(const at::Tensor& output, producer_recipe recipe,
   marks.push_back(std::move(m));
 }
 
+/// `recipe.compute(sources)`, marked as recomputable from them: a producer's forward.
+inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>& sources) {
+  at::Tensor output = recipe.compute(sources);
+  mark_recomputable(output, std::move(recipe), sources);
+  return output;
+}
+
 /// The recipe and sources of `input` when it is a marked output that neither it nor its sources
 /// have changed since (and autocast is off: the layer would compute in another dtype than the
 /// producer's output); otherwise none.
