@@ -111,7 +111,9 @@ def report(context, cases, label):
             "repetitions. Peak = the most bytes a step allocated above what was "
             "live before it (weights, gradients, optimizer state), measured at torch's allocator "
             "by `dropit::torch::MemoryMeter`. dropit = `convert(model, ConvertOptions().relu(true))`:"
-            " every Conv2d and Linear but the first at γ = 0.9 (chunked min-k), plus the 1-bit ReLU.",
+            " every Conv2d and Linear but the first at γ = 0.9 (chunked min-k), plus the 1-bit ReLU;"
+            " LayerNorm and GELU become dropit's, so the Linear layers reading them recompute their"
+            " inputs (the ViT's q/k/v and both MLP layers).",
             "",
         ]
         lines += markdown_table(header, rows)
