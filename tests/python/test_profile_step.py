@@ -1,5 +1,6 @@
 """benchmarks/python/profile_step.py, the profile the GPU check takes of a converted step, on the
-CPU: it must find every converted layer's operator, forward and backward, once per layer."""
+CPU and, where there is one, on CUDA: it must find every converted layer's operator, forward and
+backward, once per layer, and nothing else (the kernels they launch count under them)."""
 
 import copy
 import os
@@ -15,8 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, os.pardir,
 import profile_step  # noqa: E402
 
 
-def test_profile_counts_one_call_per_converted_layer_each_way():
-    model, x, y = profile_step.build("resnet18", batch=2, size=32, device="cpu")
+def test_profile_counts_one_call_per_converted_layer_each_way(device):
+    model, x, y = profile_step.build("resnet18", batch=2, size=32, device=device.type)
     converted = copy.deepcopy(model)
     dropit.convert(converted, gamma=0.9, example_input=x)
     # The reference: how often forward calls each converted module (ResNet's blocks call their
@@ -36,14 +37,17 @@ def test_profile_counts_one_call_per_converted_layer_each_way():
         hook.remove()
     assert expected["conv2d"] == 19 and expected["linear"] == 1 and expected["relu"] == 17
 
-    run = profile_step.profiled_step(converted, x, y, "cpu", warmup=1)
+    run = profile_step.profiled_step(converted, x, y, device.type, warmup=1)
     operators = profile_step.per_operator(run["events"])
+    assert set(operators) == {f"{way}dropit::{name}" for name in expected
+                              for way in ("", "backward of ")}
     for name, count in expected.items():
         assert operators[f"dropit::{name}"][0] == count, name
         assert operators[f"backward of dropit::{name}"][0] == count, name
-    # No kernels on the CPU; host time is measured for each.
-    assert all(entry[1] == 0 and entry[2] > 0 for entry in operators.values())
+    # Host time is measured for each; kernels are launched on CUDA only.
+    assert all(entry[2] > 0 for entry in operators.values())
+    assert all((entry[1] > 0) == (device.type == "cuda") for entry in operators.values())
 
-    text = profile_step.report("resnet18", "batch 2, 32²", "cpu", 0.9,
-                               profile_step.profiled_step(model, x, y, "cpu", warmup=1), run)
+    text = profile_step.report("resnet18", "batch 2, 32²", device.type, 0.9,
+                               profile_step.profiled_step(model, x, y, device.type, warmup=1), run)
     assert f"| `dropit::conv2d` | {expected['conv2d']} |" in text

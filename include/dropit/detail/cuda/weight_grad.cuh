@@ -31,7 +31,7 @@ struct gradient_scratch {
   void* dense = nullptr;  // the densified input, [numel] of T (cuBLAS) or of float
   densify_scratch reading;
   std::byte* cublas_workspace = nullptr;  // cuBLAS only
-  float* dw_sum = nullptr;                // cuBLAS with a 16-bit dW: [numel of dW]
+  float* dw_sum = nullptr;                // cuBLAS, 16-bit dW +=: [numel of dW]
 };
 
 /// Whether the linear weight gradient of a `T` cache of `layout` goes through cuBLAS.
