@@ -1,8 +1,9 @@
-// A dropit Linear reading the untouched output of a dropit producer (LayerNorm, GELU, SiLU)
-// caches nothing and recomputes that output in backward from the tensors the producer's own
-// backward keeps: its weight gradient is torch's, bit for bit, whatever gamma is, and after forward
-// only the producers' inputs stay held. Where the mark no longer holds (the output changed in
-// place, autocast, recompute off) the layer caches as before.
+// A dropit Linear or Conv2d reading the untouched output of a dropit producer (LayerNorm,
+// BatchNorm2d, GELU, SiLU, optionally through a dropit ReLU) caches nothing and recomputes that
+// output in backward from the tensors the producer's own backward keeps: its weight gradient is
+// torch's, bit for bit, whatever gamma is, and after forward only the producers' inputs stay held.
+// Where the mark no longer holds (the output changed in place, autocast, recompute off) the layer
+// caches as before.
 
 #include <functional>
 #include <sstream>
@@ -141,6 +142,82 @@ TEST_CASE("torch: a Linear caches when its input is no longer the producer's unt
     const cpu_autocast_bfloat16 autocast;
     CHECK_FALSE(recomputed(recomputing->forward(norm->forward(x))));
   }
+}
+
+namespace {
+
+/// conv -> BatchNorm -> ReLU -> conv -> BatchNorm -> ReLU -> 1x1 conv, as in a ResNet's body.
+nn::Sequential make_conv_stack(std::uint64_t seed) {
+  ::torch::manual_seed(seed);
+  const auto conv = [](std::int64_t in, std::int64_t out, std::int64_t kernel) {
+    return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).padding(kernel / 2).bias(false));
+  };
+  return nn::Sequential(conv(3, 16, 3), nn::BatchNorm2d(16), nn::ReLU(), conv(16, 16, 3),
+                        nn::BatchNorm2d(16), nn::ReLU(), nn::Conv2d(16, 8, 1));
+}
+
+}  // namespace
+
+TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs, bit for bit") {
+  nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
+  const dt::ConvertReport report =
+      dt::convert(model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9)));
+  CHECK(report.converted == std::vector<std::string>{"2", "3", "5", "6"});  // "0" reads the data
+  CHECK(report.producers == std::vector<std::string>{"1", "4"});
+  const at::Tensor x = ::torch::randn({8, 3, 24, 24});
+  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
+  dense->forward(x);  // the same forwards, so the running statistics stay comparable
+
+  // Held: both BatchNorms' inputs (and their per-channel statistics) and the ReLUs' 1-bit masks.
+  // Dense also holds both ReLU outputs, which the next convolutions save.
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(model, x);
+  const std::int64_t activation = 4 * 8 * 16 * 24 * 24;
+  MESSAGE("held after forward: dense ", dense_held, " B, recomputing ", held, " B");
+  CHECK(held >= 2 * activation + 2 * activation / 32);
+  CHECK(held <= 2 * activation + 2 * activation / 32 + 4096);
+  CHECK(dense_held >= 4 * activation);
+
+  // torch's batch-norm and convolution kernels on the same tensors: bit for bit, and the running
+  // statistics move as torch's do.
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+  const auto dense_buffers = dense->named_buffers();
+  for (const auto& buffer : model->named_buffers()) {
+    INFO(buffer.key());
+    CHECK(same_values(buffer.value(), dense_buffers[buffer.key()]));
+  }
+
+  SUBCASE("channels_last input") {
+    const at::Tensor x_last = x.contiguous(at::MemoryFormat::ChannelsLast);
+    check_equal(model_gradients(model, x_last), model_gradients(dense, x_last));
+  }
+  SUBCASE("BatchNorms in eval mode (frozen statistics) inside a model in training") {
+    for (auto* net : {&model, &dense})
+      for (const std::size_t i : {1, 4}) (**net)[i]->eval();
+    CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
+    for (const auto& buffer : model->named_buffers()) {  // torch's running statistics in use
+      INFO(buffer.key());
+      CHECK(same_values(buffer.value(), dense_buffers[buffer.key()]));
+    }
+    check_equal(model_gradients(model, x), model_gradients(dense, x));
+  }
+  SUBCASE("the whole model in eval mode runs torch's forward") {
+    model->eval();
+    dense->eval();
+    CHECK(same_values(model->forward(x), dense->forward(x)));
+  }
+  SUBCASE("a torch ReLU in between breaks the chain: the Conv2d caches") {
+    nn::Sequential unconverted_relu = make_conv_stack(11);
+    dt::convert(unconverted_relu, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
+    CHECK(grad_fn_name(unconverted_relu->forward(x)).find("RecomputedInput") == std::string::npos);
+  }
+}
+
+TEST_CASE("torch: dropit's BatchNorm2d rejects an input that is not 4-d, naming its rank") {
+  dt::BatchNorm2d norm(nn::BatchNormOptions(4));
+  const std::string message = error_message([&] { norm->forward(::torch::randn({2, 4})); });
+  CHECK(message.find("4-d input") != std::string::npos);
+  CHECK(message.find("got 2 dimensions") != std::string::npos);
 }
 
 TEST_CASE("torch: recomputation composes with checkpoint") {

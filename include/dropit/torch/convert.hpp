@@ -1,8 +1,9 @@
 #pragma once
 /// @file
 /// `convert`: replaces the Linear and Conv2d layers (and optionally ReLU) of a module tree by
-/// dropit layers that share the existing parameters, and LayerNorm, GELU and SiLU by dropit's
-/// producers, whose output a dropit Linear reading it recomputes instead of caching.
+/// dropit layers that share the existing parameters, and LayerNorm, BatchNorm2d, GELU and SiLU by
+/// dropit's producers, whose output a dropit Linear or Conv2d reading it (directly or through a
+/// dropit ReLU) recomputes instead of caching.
 ///
 /// LibTorch modules call their children through C++ members, which cannot be swapped from outside;
 /// `torch::nn::Sequential` calls its children through type-erased slots, which can. So `convert`
@@ -22,7 +23,8 @@ namespace dropit::torch {
 struct ConvertOptions {
   /// What the converted layers keep.
   TORCH_ARG(DropitOptions, dropit);
-  /// Also replace ReLU by the 1-bit-mask ReLU (needed for conv caches to free memory).
+  /// Also replace ReLU by the 1-bit-mask ReLU (needed for conv caches to free memory, and for a
+  /// Conv2d after BatchNorm2d -> ReLU to recompute its input).
   TORCH_ARG(bool, relu) = false;
   /// Leave the first Linear or Conv2d (in registration order) dense: its input is the data batch,
   /// which stays alive anyway.
@@ -33,8 +35,8 @@ struct ConvertOptions {
 
 struct ConvertReport {
   std::vector<std::string> converted;
-  /// Producers swapped for dropit's (DropitOptions::recompute): a dropit Linear reading their
-  /// output, untouched, recomputes it in backward and caches nothing.
+  /// Producers swapped for dropit's (DropitOptions::recompute): a dropit Linear or Conv2d reading
+  /// their output, untouched, recomputes it in backward and caches nothing.
   std::vector<std::string> producers;
   /// Qualified name and the reason it was left as it was.
   std::vector<std::pair<std::string, std::string>> skipped;
@@ -43,7 +45,7 @@ struct ConvertReport {
     out << "converted " << report.converted.size() << " layer(s)";
     for (const auto& name : report.converted) out << "\n  + " << name;
     for (const auto& name : report.producers)
-      out << "\n  ~ " << name << ": producer, its output recomputed by a dropit Linear reading it";
+      out << "\n  ~ " << name << ": producer, its output recomputed by the dropit layer reading it";
     for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
     return out;
   }
@@ -76,7 +78,8 @@ class converter {
               qualified, "a producer held by a C++ member of " + parent.name() +
                              ", which convert cannot rebind, so the Linear reading its output "
                              "caches it; hold it in a torch::nn::Sequential or build it as "
-                             "dropit's (dropit::torch::LayerNorm, GELU, SiLU) to recompute instead");
+                             "dropit's (dropit::torch::LayerNorm, BatchNorm2d, GELU, SiLU) to "
+                             "recompute instead");
         } else {
           report_.skipped.emplace_back(
               qualified, "held by a C++ member of " + parent.name() +
@@ -100,9 +103,10 @@ class converter {
     auto* conv = dynamic_cast<::torch::nn::Conv2dImpl*>(&child);
     auto* relu = dynamic_cast<::torch::nn::ReLUImpl*>(&child);
     auto* norm = dynamic_cast<::torch::nn::LayerNormImpl*>(&child);
+    auto* batch_norm = dynamic_cast<::torch::nn::BatchNorm2dImpl*>(&child);
     auto* gelu = dynamic_cast<::torch::nn::GELUImpl*>(&child);
     auto* silu = dynamic_cast<::torch::nn::SiLUImpl*>(&child);
-    const bool producer = options_.dropit().recompute() && (norm || gelu || silu);
+    const bool producer = options_.dropit().recompute() && (norm || batch_norm || gelu || silu);
     if (linear || conv) {
       if (options_.skip_first() && !seen_first_) {
         seen_first_ = true;
@@ -126,6 +130,7 @@ class converter {
       return replacement;
     }
     if (producer && norm) return std::make_shared<LayerNormImpl>(*norm);
+    if (producer && batch_norm) return std::make_shared<BatchNorm2dImpl>(*batch_norm);
     if (producer && gelu) return std::make_shared<GELUImpl>(*gelu);
     if (producer && silu) {
       auto replacement = std::make_shared<SiLUImpl>();
@@ -136,8 +141,8 @@ class converter {
   }
 
   static bool is_producer(::torch::nn::Module& m) {
-    return dynamic_cast<LayerNormImpl*>(&m) || dynamic_cast<GELUImpl*>(&m) ||
-           dynamic_cast<SiLUImpl*>(&m);
+    return dynamic_cast<LayerNormImpl*>(&m) || dynamic_cast<BatchNorm2dImpl*>(&m) ||
+           dynamic_cast<GELUImpl*>(&m) || dynamic_cast<SiLUImpl*>(&m);
   }
 
   static ::torch::nn::AnyModule any_module(const std::shared_ptr<::torch::nn::Module>& m) {
@@ -145,6 +150,8 @@ class converter {
       return ::torch::nn::AnyModule(linear);
     if (auto conv = std::dynamic_pointer_cast<Conv2dImpl>(m)) return ::torch::nn::AnyModule(conv);
     if (auto norm = std::dynamic_pointer_cast<LayerNormImpl>(m))
+      return ::torch::nn::AnyModule(norm);
+    if (auto norm = std::dynamic_pointer_cast<BatchNorm2dImpl>(m))
       return ::torch::nn::AnyModule(norm);
     if (auto gelu = std::dynamic_pointer_cast<GELUImpl>(m)) return ::torch::nn::AnyModule(gelu);
     if (auto silu = std::dynamic_pointer_cast<SiLUImpl>(m)) return ::torch::nn::AnyModule(silu);
@@ -161,8 +168,8 @@ class converter {
 }  // namespace detail
 
 /// Replaces the Linear and Conv2d layers of `root` (and ReLU when asked) by dropit layers that
-/// share their parameters, and its LayerNorm, GELU and SiLU by dropit's producers (unless
-/// `options.dropit().recompute()` is off). Returns what was converted and what was left, with
+/// share their parameters, and its LayerNorm, BatchNorm2d, GELU and SiLU by dropit's producers
+/// (unless `options.dropit().recompute()` is off). Returns what was converted and what was left, with
 /// reasons.
 inline ConvertReport convert(::torch::nn::Module& root, const ConvertOptions& options = {}) {
   detail::converter c(options);

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// Drop-in replacements for torch::nn::Linear, torch::nn::Conv2d and torch::nn::ReLU, and for the
-/// producers whose output a dropit Linear recomputes instead of caching (LayerNorm, GELU, SiLU).
+/// producers whose output a dropit Linear or Conv2d recomputes instead of caching (LayerNorm,
+/// BatchNorm2d, GELU, SiLU; a dropit ReLU passes a producer's mark on to its own output).
 /// Parameters have torch's names, shapes and initialisation (they are created by torch's own
 /// layer), so state dicts load either way. In training mode with gradients enabled the layers save
 /// a compact cache; in eval mode or under no-grad they run the plain dense forward and sparsify
@@ -94,9 +95,10 @@ struct DropitOptions {
   TORCH_ARG(std::uint64_t, seed) = 0;
   /// Scale kept values by n/k for random selection.
   TORCH_ARG(bool, rescale) = false;
-  /// A Linear whose input is the untouched output of a dropit producer (LayerNorm, GELU, SiLU)
-  /// recomputes it in backward instead of caching it: exact, and nothing held of its own.
-  /// `convert` swaps torch's producers for dropit's when this is on.
+  /// A Linear or Conv2d whose input is the untouched output of a dropit producer (LayerNorm,
+  /// BatchNorm2d, GELU, SiLU, each optionally followed by a dropit ReLU) recomputes it in backward
+  /// instead of caching it: exact, and nothing held of its own. `convert` swaps torch's producers
+  /// for dropit's when this is on.
   TORCH_ARG(bool, recompute) = true;
 };
 
@@ -177,6 +179,10 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      if (dropit.recompute())
+        if (const auto recomputable = detail::recipe_of(input))
+          return RecomputedInputConv2dFunction::apply(
+              input, weight, compat::optional_argument(bias, weight), params_, *recomputable);
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return Conv2dFunction::apply(x, w, compat::optional_argument(b, w), params_,
                                    dropit.spec(1, calls_++));
@@ -226,15 +232,22 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 };
 DROPIT_TORCH_MODULE(Conv2d);
 
-/// ReLU that keeps a 1-bit mask for backward instead of its output.
+/// ReLU that keeps a 1-bit mask for backward instead of its output. Applied to a producer's
+/// untouched output (BatchNorm2d's, say), its own output is recomputable too: the producer's
+/// recipe, then this ReLU.
 class ReLUImpl : public ::torch::nn::Cloneable<ReLUImpl> {
  public:
   ReLUImpl() = default;
   void reset() override {}
 
   at::Tensor forward(const at::Tensor& input) {
-    if (::torch::GradMode::is_enabled() && input.requires_grad()) return ReLUFunction::apply(input);
-    return at::relu(input);
+    if (!::torch::GradMode::is_enabled() || !input.requires_grad()) return at::relu(input);
+    at::Tensor output = ReLUFunction::apply(input);
+    if (auto recomputable = detail::recipe_of(input); recomputable && !recomputable->recipe.relu) {
+      recomputable->recipe.relu = true;
+      detail::mark_recomputable(output, std::move(recomputable->recipe), recomputable->sources);
+    }
+    return output;
   }
 
   void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::ReLU()"; }
@@ -281,6 +294,70 @@ class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
   }
 };
 DROPIT_TORCH_MODULE(LayerNorm);
+
+/// torch::nn::BatchNorm2d whose output (or a dropit ReLU's of it) a dropit Conv2d or Linear reading
+/// it recomputes instead of caching. Parameters and running statistics are torch's (shared with
+/// the layer it was made from); the forward is torch's batch-norm kernel, the one
+/// torch::nn::BatchNorm2d reaches on the CPU (on CUDA it reaches cuDNN's instead).
+class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl> {
+ public:
+  explicit BatchNorm2dImpl(const ::torch::nn::BatchNormOptions& options) : options(options) {
+    reset();
+  }
+  /// Takes over the parameters and buffers of an existing torch layer (they stay shared with it).
+  explicit BatchNorm2dImpl(const ::torch::nn::BatchNorm2dImpl& dense) : options(dense.options) {
+    adopt(dense.weight, dense.bias, dense.running_mean, dense.running_var,
+          dense.num_batches_tracked);
+    train(dense.is_training());
+  }
+
+  void reset() override {
+    ::torch::nn::BatchNorm2d reference(options);
+    adopt(reference->weight, reference->bias, reference->running_mean, reference->running_var,
+          reference->num_batches_tracked);
+  }
+
+  at::Tensor forward(const at::Tensor& input) {
+    dropit::detail::expect(input.dim() == 4, "dropit::torch::BatchNorm2d expects a 4-d input [N, ",
+                           options.num_features(), ", H, W], got ", input.dim(), " dimensions");
+    // As torch::nn::BatchNorm2d: a momentum of none averages over every batch seen.
+    double momentum = options.momentum().value_or(0.0);
+    if (is_training() && options.track_running_stats() && num_batches_tracked.defined()) {
+      num_batches_tracked += 1;
+      if (!options.momentum()) momentum = 1.0 / num_batches_tracked.item<double>();
+    }
+    detail::producer_recipe recipe;
+    recipe.what = detail::producer_recipe::kind::batch_norm;
+    recipe.eps = options.eps();
+    recipe.batch_statistics = is_training() || !options.track_running_stats();
+    const at::Tensor output =
+        detail::producer_recipe::batch_norm(input, weight, bias, running_mean, running_var,
+                                            recipe.batch_statistics, momentum, options.eps());
+    std::vector<at::Tensor> sources{input, weight, bias};
+    if (!recipe.batch_statistics) sources.insert(sources.end(), {running_mean, running_var});
+    detail::mark_recomputable(output, std::move(recipe), sources);
+    return output;
+  }
+
+  void pretty_print(std::ostream& stream) const override {
+    stream << "dropit::torch::BatchNorm2d(" << options.num_features() << ", eps=" << options.eps()
+           << ")";
+  }
+
+  ::torch::nn::BatchNormOptions options;
+  at::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+
+ private:
+  void adopt(const at::Tensor& w, const at::Tensor& b, const at::Tensor& mean,
+             const at::Tensor& var, const at::Tensor& batches) {
+    weight = register_parameter("weight", w, /*requires_grad=*/w.defined());
+    bias = register_parameter("bias", b, /*requires_grad=*/b.defined());
+    running_mean = register_buffer("running_mean", mean);
+    running_var = register_buffer("running_var", var);
+    num_batches_tracked = register_buffer("num_batches_tracked", batches);
+  }
+};
+DROPIT_TORCH_MODULE(BatchNorm2d);
 
 /// torch::nn::GELU whose output a dropit Linear reading it recomputes instead of caching.
 class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {

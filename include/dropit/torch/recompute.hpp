@@ -1,10 +1,11 @@
 #pragma once
 /// @file
-/// Exact recomputation of a linear layer's input. A cheap producer (dropit::torch::LayerNorm, GELU,
-/// SiLU) marks its output with how to compute it again from tensors autograd keeps anyway for the
-/// producer's own backward (its input and parameters). A dropit Linear that reads such an output,
-/// untouched, saves those tensors instead of a cache and recomputes its input in backward with the
-/// same kernel: it holds nothing of its own, and its weight gradient is the dense one, whatever γ.
+/// Exact recomputation of a layer's input. A cheap producer (dropit::torch::LayerNorm, BatchNorm2d,
+/// GELU, SiLU, and a dropit ReLU applied to a producer's output) marks its output with how to
+/// compute it again from tensors autograd keeps anyway for the producer's own backward (its input
+/// and parameters). A dropit Linear or Conv2d that reads such an output, untouched, saves those
+/// tensors instead of a cache and recomputes its input in backward with the same kernels: it holds
+/// nothing of its own, and its weight gradient is the dense one, whatever γ.
 ///
 /// The marks are held weakly, per thread: marking keeps no tensor alive, and a layer that finds no
 /// valid mark (another thread, a view or an in-place change of the output, a changed source,
@@ -21,24 +22,52 @@
 
 #include "../config.hpp"
 #include "compat.hpp"
+#include "tensor.hpp"
 
 namespace dropit::torch {
 namespace detail {
 
 /// How a producer computes its output from its sources.
 struct producer_recipe {
-  enum class kind : std::int64_t { layer_norm, gelu, silu };
+  enum class kind : std::int64_t { layer_norm, batch_norm, gelu, silu };
 
   kind what = kind::gelu;
   std::vector<std::int64_t> normalized_shape;  // layer_norm
-  double eps = 0.0;                            // layer_norm
-  std::string approximate = "none";            // gelu
+  double eps = 0.0;                            // layer_norm, batch_norm
+  /// batch_norm: normalised with the batch's own statistics (training), else the running ones.
+  bool batch_statistics = true;
+  std::string approximate = "none";  // gelu
+  /// A dropit ReLU ran on the producer's output.
+  bool relu = false;
 
-  /// The producer's output. Sources: layer_norm (input, weight, bias), gelu and silu (input).
+  /// The producer's output. Sources: layer_norm (input, weight, bias); batch_norm (input, weight,
+  /// bias, and running mean and variance unless batch_statistics); gelu and silu (input).
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
+    at::Tensor output = compute_producer(sources);
+    // dropit's ReLU kernel, as the forward ran it (its mask is not needed here).
+    return relu ? std::get<0>(relu_with_mask(output)) : output;
+  }
+
+  /// BatchNorm's forward: torch's kernel (the one torch::nn::BatchNorm2d reaches on the CPU). The
+  /// batch statistics depend on the input alone, so recomputing without running statistics gives
+  /// the forward's output again, and updates nothing.
+  static at::Tensor batch_norm(const at::Tensor& input, const at::Tensor& weight,
+                               const at::Tensor& bias, const at::Tensor& running_mean,
+                               const at::Tensor& running_var, bool batch_statistics,
+                               double momentum, double eps) {
+    return std::get<0>(at::native_batch_norm(input, weight, bias, running_mean, running_var,
+                                             batch_statistics, momentum, eps));
+  }
+
+  at::Tensor compute_producer(const std::vector<at::Tensor>& sources) const {
     switch (what) {
       case kind::layer_norm:
         return at::layer_norm(sources.at(0), normalized_shape, sources.at(1), sources.at(2), eps);
+      case kind::batch_norm:
+        return batch_statistics
+                   ? batch_norm(sources.at(0), sources.at(1), sources.at(2), {}, {}, true, 0.0, eps)
+                   : batch_norm(sources.at(0), sources.at(1), sources.at(2), sources.at(3),
+                                sources.at(4), false, 0.0, eps);
       case kind::gelu:
         return at::gelu(sources.at(0), approximate);
       case kind::silu:
@@ -53,6 +82,8 @@ struct producer_recipe {
     ctx->saved_data["recipe_shape"] = normalized_shape;
     ctx->saved_data["recipe_eps"] = eps;
     ctx->saved_data["recipe_approximate"] = approximate;
+    ctx->saved_data["recipe_batch_statistics"] = batch_statistics;
+    ctx->saved_data["recipe_relu"] = relu;
   }
   static producer_recipe load(::torch::autograd::AutogradContext* ctx) {
     producer_recipe r;
@@ -60,6 +91,8 @@ struct producer_recipe {
     r.normalized_shape = ctx->saved_data["recipe_shape"].toIntVector();
     r.eps = ctx->saved_data["recipe_eps"].toDouble();
     r.approximate = ctx->saved_data["recipe_approximate"].toStringRef();
+    r.batch_statistics = ctx->saved_data["recipe_batch_statistics"].toBool();
+    r.relu = ctx->saved_data["recipe_relu"].toBool();
     return r;
   }
 };
@@ -139,6 +172,30 @@ inline std::optional<recomputable_input> recipe_of(const at::Tensor& input) {
 
 }  // namespace detail
 
+namespace detail {
+
+/// Saves `weight`, then the producer's sources, and the recipe: what a layer with a recomputed
+/// input keeps.
+inline void save_weight_and_recipe(::torch::autograd::AutogradContext* ctx,
+                                   const at::Tensor& weight,
+                                   const recomputable_input& recomputable) {
+  recomputable.recipe.save(ctx);
+  ::torch::autograd::variable_list saved{weight};
+  saved.insert(saved.end(), recomputable.sources.begin(), recomputable.sources.end());
+  ctx->save_for_backward(saved);
+}
+
+/// The layer's input again, from what `save_weight_and_recipe` saved (`saved` holds the weight
+/// first).
+inline at::Tensor recompute_input(::torch::autograd::AutogradContext* ctx,
+                                  const ::torch::autograd::variable_list& saved) {
+  const at::NoGradGuard no_grad;
+  return producer_recipe::load(ctx).compute(
+      std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
+}
+
+}  // namespace detail
+
 /// y = x Wᵀ + b for an input a producer can compute again: saves the weight and the producer's
 /// sources (which the producer's own backward keeps anyway) and recomputes x for the weight
 /// gradient. The sources are not inputs of this function: x's gradient flows through x.
@@ -150,10 +207,7 @@ struct RecomputedInputLinearFunction
                             const detail::recomputable_input& recomputable) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
     ctx->saved_data["has_bias"] = bias.defined();
-    recomputable.recipe.save(ctx);
-    ::torch::autograd::variable_list saved{weight};
-    saved.insert(saved.end(), recomputable.sources.begin(), recomputable.sources.end());
-    ctx->save_for_backward(saved);
+    detail::save_weight_and_recipe(ctx, weight, recomputable);
     return at::linear(input, weight, bias);
   }
 
@@ -166,16 +220,53 @@ struct RecomputedInputLinearFunction
     at::Tensor d_input, d_weight, d_bias;
     if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
     if (ctx->needs_input_grad(1)) {
-      at::Tensor input;
-      {
-        const at::NoGradGuard no_grad;
-        input = detail::producer_recipe::load(ctx).compute(
-            std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
-      }
+      const at::Tensor input = detail::recompute_input(ctx, saved);
       d_weight = dz_rows.t().mm(input.reshape({-1, compat::static_sizes(input).back()}));
     }
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
     return {d_input, d_weight, d_bias, at::Tensor()};
+  }
+};
+
+/// Conv2d (zero padding) for an input a producer can compute again, as the linear one above. The
+/// backward is torch's own convolution backward on the recomputed input: the dense gradients.
+struct RecomputedInputConv2dFunction
+    : public ::torch::autograd::Function<RecomputedInputConv2dFunction> {
+  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
+                            const at::Tensor& weight, const at::Tensor& bias_argument,
+                            const conv2d_params& params,
+                            const detail::recomputable_input& recomputable) {
+    const at::Tensor bias = compat::from_optional_argument(bias_argument);
+    ctx->saved_data["has_bias"] = bias.defined();
+    ctx->saved_data["input_sizes"] = compat::static_sizes(input);
+    ctx->saved_data["stride"] = torch_pair(params.stride);
+    ctx->saved_data["padding"] = torch_pair(params.padding);
+    ctx->saved_data["dilation"] = torch_pair(params.dilation);
+    ctx->saved_data["groups"] = params.groups;
+    detail::save_weight_and_recipe(ctx, weight, recomputable);
+    return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
+                      torch_pair(params.dilation), params.groups);
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& weight = saved[0];
+    const conv2d_params params = conv2d_params_of(
+        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
+    const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    at::Tensor d_input, d_weight, d_bias;
+    if (want_weight) {
+      std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
+          grads[0], detail::recompute_input(ctx, saved), weight, params, {want_input, true, false});
+    } else if (want_input) {
+      d_input = conv2d_input_grad(grads[0].contiguous(), weight,
+                                  ctx->saved_data["input_sizes"].toIntVector(), params);
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
+      d_bias = grads[0].sum({0, 2, 3});
+    return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };
 
