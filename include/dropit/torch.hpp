@@ -16,4 +16,5 @@
 #include "torch/functions.hpp"
 #include "torch/memory.hpp"
 #include "torch/modules.hpp"
+#include "torch/plan.hpp"
 #include "torch/tensor.hpp"

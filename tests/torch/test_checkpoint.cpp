@@ -57,8 +57,8 @@ TEST_CASE("torch: a checkpointed block fed by data that needs no gradient still 
   layer->forward(x).square().sum().backward();
   const at::Tensor plain = layer->weight.grad().clone();
   layer->zero_grad();
-  dt::checkpoint([&](const variable_list& in) { return variable_list{layer->forward(in[0])}; },
-                 {x}, layer->parameters())[0]
+  dt::checkpoint([&](const variable_list& in) { return variable_list{layer->forward(in[0])}; }, {x},
+                 layer->parameters())[0]
       .square()
       .sum()
       .backward();
@@ -113,8 +113,32 @@ TEST_CASE("torch: a checkpointed forward keeps its input and output only") {
         block->parameters())[0];
   });
   MESSAGE("held after forward: plain ", plain, " B, checkpointed ", checkpointed, " B");
-  CHECK(plain > 10 * x.numel() * 4);  // every layer's input and the dropout masks
+  CHECK(plain > 10 * x.numel() * 4);        // every layer's input and the dropout masks
   CHECK(checkpointed < x.numel() * 4 / 8);  // not even a copy of the input: the input is shared
+}
+
+TEST_CASE("torch: the Checkpoint module updates BatchNorm's running statistics once per step") {
+  const auto make = [] {
+    ::torch::manual_seed(4);
+    return ::torch::nn::Sequential(::torch::nn::Conv2d(3, 8, 3), ::torch::nn::BatchNorm2d(8),
+                                   ::torch::nn::ReLU());
+  };
+  ::torch::nn::Sequential plain = make(), block = make();
+  dt::Checkpoint wrapped(block);
+  const at::Tensor x = ::torch::randn({4, 3, 10, 10});
+  for (int step = 0; step < 2; ++step) {
+    plain->forward(x).square().sum().backward();
+    wrapped->forward(x).square().sum().backward();
+  }
+  const auto want = plain->named_buffers();
+  for (const auto& buffer : block->named_buffers()) {
+    INFO(buffer.key());
+    CHECK(same_values(buffer.value(), want[buffer.key()]));
+  }
+  for (const auto& parameter : block->named_parameters()) {
+    INFO(parameter.key());
+    CHECK(same_values(parameter.value().grad(), plain->named_parameters()[parameter.key()].grad()));
+  }
 }
 
 TEST_CASE("torch: checkpoint refuses an empty block and a block that returns nothing") {

@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
 #include <torch/nn/pimpl.h>
 
 #include "../config.hpp"
@@ -83,9 +84,10 @@ class generator_replay {
 /// gradients accumulate during the second run's backward, as in any backward.
 class checkpoint_function : public ::torch::autograd::Function<checkpoint_function> {
  public:
-  static ::torch::autograd::variable_list forward(
-      ::torch::autograd::AutogradContext* ctx, c10::intrusive_ptr<checkpointed_block> block,
-      std::size_t input_count, at::TensorList inputs_and_parameters) {
+  static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx,
+                                                  c10::intrusive_ptr<checkpointed_block> block,
+                                                  std::size_t input_count,
+                                                  at::TensorList inputs_and_parameters) {
     const ::torch::autograd::variable_list inputs(
         inputs_and_parameters.begin(),
         inputs_and_parameters.begin() + static_cast<std::ptrdiff_t>(input_count));
@@ -113,8 +115,8 @@ class checkpoint_function : public ::torch::autograd::Function<checkpoint_functi
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto block =
-        c10::static_intrusive_pointer_cast<checkpointed_block>(ctx->saved_data["block"].toCapsule());
+    const auto block = c10::static_intrusive_pointer_cast<checkpointed_block>(
+        ctx->saved_data["block"].toCapsule());
     ::torch::autograd::variable_list inputs;
     for (const auto& input : saved)
       inputs.push_back(input.defined() ? input.detach().requires_grad_(input.requires_grad())
@@ -147,9 +149,9 @@ class checkpoint_function : public ::torch::autograd::Function<checkpoint_functi
 /// input does); their gradients accumulate as in any backward. With gradients off it is
 /// `block(inputs)`. The block must compute the same thing twice (no state it changes between
 /// the runs, but random generators, which are replayed).
-inline ::torch::autograd::variable_list checkpoint(
-    block_function block, const ::torch::autograd::variable_list& inputs,
-    const std::vector<at::Tensor>& parameters = {}) {
+inline ::torch::autograd::variable_list checkpoint(block_function block,
+                                                   const ::torch::autograd::variable_list& inputs,
+                                                   const std::vector<at::Tensor>& parameters = {}) {
   dropit::detail::expect(static_cast<bool>(block), "checkpoint: the block is empty");
   if (!at::GradMode::is_enabled()) return block(inputs);
   auto holder = c10::make_intrusive<detail::checkpointed_block>();
@@ -163,7 +165,10 @@ inline ::torch::autograd::variable_list checkpoint(
 
 /// A module that checkpoints the block it wraps (any module whose `forward` takes and returns one
 /// tensor, `Sequential` included) in training mode with gradients on, and runs it plainly
-/// otherwise. The block is its submodule "block": parameters, state dicts and `to()` reach it.
+/// otherwise. The block's buffers are restored after its second run, so BatchNorm's running
+/// statistics are updated once per step, as without the checkpoint (the function `checkpoint`,
+/// which knows no module, updates them twice, as Python's does). The block is its submodule
+/// "block": parameters, state dicts and `to()` reach it.
 class CheckpointImpl : public ::torch::nn::Module {
  public:
   template <class ModuleType>
@@ -173,13 +178,31 @@ class CheckpointImpl : public ::torch::nn::Module {
           return impl->forward(x);
         }) {}
 
+  /// Wraps the module in a Sequential's type-erased slot.
+  explicit CheckpointImpl(const ::torch::nn::AnyModule& block)
+      : block_(register_module("block", block.ptr())),
+        forward_([module = ::torch::nn::AnyModule(block)](const at::Tensor& x) mutable {
+          return module.forward<at::Tensor>(x);
+        }) {}
+
   at::Tensor forward(const at::Tensor& input) {
     if (!is_training() || !at::GradMode::is_enabled()) return forward_(input);
     return checkpoint(
-               [this](const ::torch::autograd::variable_list& x) {
-                 return ::torch::autograd::variable_list{forward_(x[0])};
-               },
-               {input}, parameters())[0];
+        [this](const ::torch::autograd::variable_list& x) {
+          // The first run has gradients off; the second, in backward, on. The block's buffers
+          // (BatchNorm's running statistics) move once per step, as without the checkpoint.
+          if (!at::GradMode::is_enabled()) return ::torch::autograd::variable_list{forward_(x[0])};
+          std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
+          for (const at::Tensor& buffer : block_->buffers())
+            if (buffer.defined()) buffers.emplace_back(buffer, buffer.clone());
+          at::Tensor output = forward_(x[0]);
+          // Through a view with a version counter of its own: the second run's batch norm saved
+          // the running statistics (its backward in training mode does not read them), and an
+          // in-place change of a saved tensor would fail that backward's version check.
+          for (auto& [buffer, before] : buffers) buffer.variable_data().copy_(before);
+          return ::torch::autograd::variable_list{output};
+        },
+        {input}, parameters())[0];
   }
 
   /// The wrapped module.

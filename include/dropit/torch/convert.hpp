@@ -53,6 +53,23 @@ struct ConvertReport {
 
 namespace detail {
 
+/// One slot of a Sequential that convert filled: where it is, and the module before and after.
+struct replacement {
+  ::torch::nn::SequentialImpl* container = nullptr;
+  std::size_t index = 0;
+  std::string name;       // the child's key in its container
+  std::string qualified;  // from the root
+  ::torch::nn::AnyModule original, replaced;
+};
+
+/// Puts `module` into slot `index` (key `name`) of `container`: the slot the Sequential calls and
+/// the child its parameters, state dicts and `to()` reach.
+inline void install(::torch::nn::SequentialImpl& container, std::size_t index,
+                    const std::string& name, const ::torch::nn::AnyModule& module) {
+  *(container.begin() + static_cast<std::ptrdiff_t>(index)) = module;
+  container.replace_module(name, module.ptr());
+}
+
 class converter {
  public:
   explicit converter(const ConvertOptions& options)
@@ -70,8 +87,10 @@ class converter {
       std::shared_ptr<::torch::nn::Module> replacement = replacement_for(*child, qualified);
       if (replacement) {
         if (sequential) {
-          *(sequential->begin() + static_cast<std::ptrdiff_t>(index)) = any_module(replacement);
-          parent.replace_module(name, replacement);
+          replacements_.push_back({sequential, index, name, qualified,
+                                   *(sequential->begin() + static_cast<std::ptrdiff_t>(index)),
+                                   any_module(replacement)});
+          install(*sequential, index, name, replacements_.back().replaced);
           (is_producer(*replacement) ? report_.producers : report_.converted).push_back(qualified);
         } else if (is_producer(*replacement)) {
           report_.skipped.emplace_back(
@@ -94,6 +113,8 @@ class converter {
   }
 
   ConvertReport report() const { return report_; }
+  /// Every slot replaced, in the order of the visit.
+  const std::vector<replacement>& replacements() const { return replacements_; }
 
  private:
   /// The dropit layer that should stand in for `child`, or null.
@@ -161,6 +182,7 @@ class converter {
   ConvertOptions options_;
   std::regex exclude_;
   ConvertReport report_;
+  std::vector<replacement> replacements_;
   bool seen_first_ = false;
   std::uint64_t layers_ = 0;
 };

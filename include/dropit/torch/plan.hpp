@@ -1,0 +1,445 @@
+#pragma once
+/// @file
+/// A memory planner for LibTorch training. Given a budget, a fraction of the activation bytes the
+/// dense model holds after forward, it picks for each block of the model one tool:
+///
+///   keep        the block as it is (dense);
+///   convert     dropit's layers inside it (`convert`): exact recomputation of inputs that cheap
+///               producers can give again, a DropIT cache for the rest;
+///   checkpoint  the dense block run again in backward (`Checkpoint`): it holds its input only.
+///
+/// Bytes are measured at the allocator on the caller's own training step, with the whole model in
+/// each configuration; step time is measured too, interleaved with the dense step. Starting from
+/// every block kept, the planner repeatedly takes the change that frees the most bytes per second
+/// it adds, until the model holds no more than the budget; then it undoes what the budget no
+/// longer needs, most expensive first. The model is left with the plan applied.
+///
+///     auto plan = dropit::torch::plan_memory(*model, [&] { return loss_of(model(x), y); },
+///                                            dropit::torch::PlanOptions().budget(0.5));
+///     std::cout << plan;   // every block's tool, the bytes it frees and the time it adds
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <iomanip>
+#include <limits>
+#include <memory>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "convert.hpp"
+#include "memory.hpp"
+
+namespace dropit::torch {
+
+/// What the planner does to one block.
+enum class block_tool : std::uint8_t { keep, convert, checkpoint };
+
+inline const char* tool_name(block_tool tool) {
+  switch (tool) {
+    case block_tool::keep:
+      return "keep";
+    case block_tool::convert:
+      return "convert";
+    case block_tool::checkpoint:
+      return "checkpoint";
+  }
+  return "?";
+}
+
+struct PlanOptions {
+  /// Activation bytes the model may hold after forward, as a fraction of what it holds dense, in
+  /// (0, 1].
+  TORCH_ARG(double, budget) = 0.5;
+  /// How a block the planner converts is converted (skip_first and exclude count from the root).
+  TORCH_ARG(ConvertOptions, convert) = ConvertOptions().relu(true);
+  /// Qualified names of the Sequentials whose children are the blocks. Empty: the root's children
+  /// if the root is a Sequential, else every Sequential among the root's children.
+  TORCH_ARG(std::vector<std::string>, containers) = {};
+  /// Training steps timed per candidate, each beside a dense one.
+  TORCH_ARG(int, timing_rounds) = 3;
+};
+
+/// One block in a plan: the tool chosen, and what each tool did with this block alone changed.
+struct BlockPlan {
+  std::string name;
+  block_tool tool = block_tool::keep;
+  /// Per tool (indexed by block_tool): bytes held after forward it frees, seconds it adds to a
+  /// training step, and whether it applies (convert needs a layer to convert).
+  std::array<std::int64_t, 3> freed_bytes{};
+  std::array<double, 3> added_seconds{};
+  std::array<bool, 3> available{true, false, true};
+};
+
+struct MemoryPlan {
+  double budget = 0.0;
+  /// Bytes held after forward (the loss excluded), dense and as planned.
+  std::int64_t dense_held = 0, planned_held = 0;
+  /// Median seconds of a training step (forward and backward), dense and as planned, timed
+  /// interleaved.
+  double dense_seconds = 0.0, planned_seconds = 0.0;
+  /// Whether the planned model holds no more than the budget.
+  bool met = false;
+  std::vector<BlockPlan> blocks;
+  /// What convert did inside the converted blocks.
+  ConvertReport converted;
+
+  double held_ratio() const {
+    return dense_held > 0 ? static_cast<double>(planned_held) / static_cast<double>(dense_held)
+                          : 0.0;
+  }
+  double time_ratio() const { return dense_seconds > 0 ? planned_seconds / dense_seconds : 0.0; }
+
+  friend std::ostream& operator<<(std::ostream& out, const MemoryPlan& plan) {
+    const auto flags = out.flags();
+    out << std::fixed << std::setprecision(3) << "memory plan for budget " << plan.budget
+        << " of dense: holds " << plan.held_ratio() << "x (" << plan.planned_held << " of "
+        << plan.dense_held << " B) at " << plan.time_ratio() << "x step time"
+        << (plan.met ? "" : " -- budget NOT met: every block at its most frugal tool holds more");
+    for (const BlockPlan& block : plan.blocks) {
+      out << "\n  " << block.name << ": " << tool_name(block.tool);
+      if (block.tool != block_tool::keep) {
+        const auto t = static_cast<std::size_t>(block.tool);
+        out << " (alone: frees " << block.freed_bytes[t] << " B, adds " << std::setprecision(1)
+            << 1e3 * block.added_seconds[t] << " ms)" << std::setprecision(3);
+      }
+    }
+    if (!plan.converted.converted.empty() || !plan.converted.producers.empty())
+      out << "\n" << plan.converted;
+    out.flags(flags);
+    return out;
+  }
+};
+
+namespace detail {
+
+/// A block: a slot of a Sequential, with the replacements convert makes inside it.
+struct plan_block {
+  ::torch::nn::SequentialImpl* container = nullptr;
+  std::size_t index = 0;
+  std::string name, qualified;
+  ::torch::nn::AnyModule original, checkpointed;
+  std::vector<replacement> replacements;
+};
+
+inline bool is_within(const std::string& qualified, const std::string& block) {
+  return qualified == block || qualified.rfind(block + ".", 0) == 0;
+}
+
+/// The Sequentials whose children are the blocks, with their qualified names.
+inline std::vector<std::pair<std::string, ::torch::nn::SequentialImpl*>> plan_containers(
+    ::torch::nn::Module& root, const std::vector<std::string>& names) {
+  std::vector<std::pair<std::string, ::torch::nn::SequentialImpl*>> found;
+  if (names.empty()) {
+    if (auto* sequential = dynamic_cast<::torch::nn::SequentialImpl*>(&root))
+      return {{"", sequential}};
+    for (const auto& child : root.named_children())
+      if (auto* sequential = dynamic_cast<::torch::nn::SequentialImpl*>(child.value().get()))
+        found.emplace_back(child.key(), sequential);
+    dropit::detail::expect(!found.empty(), "plan_memory: ", root.name(),
+                           " has no torch::nn::Sequential among its children; name the "
+                           "Sequentials that hold the blocks in PlanOptions::containers");
+    return found;
+  }
+  const auto modules = root.named_modules();
+  for (const std::string& name : names) {
+    const auto* module = modules.find(name);
+    dropit::detail::expect(module != nullptr, "plan_memory: the model has no module '", name,
+                           "' (PlanOptions::containers)");
+    auto* sequential = dynamic_cast<::torch::nn::SequentialImpl*>(module->get());
+    dropit::detail::expect(sequential != nullptr, "plan_memory: '", name, "' is a ",
+                           (*module)->name(),
+                           ", not a torch::nn::Sequential; the blocks must be "
+                           "a Sequential's children, whose slots the planner can swap");
+    found.emplace_back(name, sequential);
+  }
+  return found;
+}
+
+inline void synchronize([[maybe_unused]] c10::Device device) {
+#if DROPIT_TORCH_HAS_CUDA
+  if (device.is_cuda()) c10::cuda::device_synchronize();
+#endif
+}
+
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+/// Measures the caller's training step on the model in any configuration of tools.
+class plan_bench {
+ public:
+  plan_bench(::torch::nn::Module& root, std::vector<plan_block>& blocks,
+             std::function<at::Tensor()> loss, c10::Device device, int rounds)
+      : root_(root), blocks_(blocks), loss_(std::move(loss)), device_(device), rounds_(rounds) {}
+
+  void apply(const std::vector<block_tool>& tools) {
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      plan_block& block = blocks_[b];
+      if (tools[b] == block_tool::checkpoint && block.checkpointed.is_empty())
+        block.checkpointed = ::torch::nn::AnyModule(Checkpoint(block.original));
+      install(*block.container, block.index, block.name,
+              tools[b] == block_tool::checkpoint ? block.checkpointed : block.original);
+      // Then the layers inside: converted, or torch's again (a block that is one layer is its own
+      // replacement, and its slot is set above unless converted).
+      for (const replacement& r : block.replacements) {
+        const bool is_slot = r.container == block.container && r.index == block.index;
+        if (tools[b] == block_tool::convert)
+          install(*r.container, r.index, r.name, r.replaced);
+        else if (!is_slot)
+          install(*r.container, r.index, r.name, r.original);
+      }
+    }
+  }
+
+  /// Bytes the graph holds after the loss's forward (the loss itself excluded); then backward.
+  std::int64_t held(const std::vector<block_tool>& tools) {
+    apply(tools);
+    root_.zero_grad(/*set_to_none=*/true);
+    const MemoryMeter meter(device_);
+    const std::int64_t base = meter.current();
+    at::Tensor loss = loss_();
+    dropit::detail::expect(loss.defined() && loss.requires_grad(),
+                           "plan_memory: the loss function returned ",
+                           loss.defined() ? "a tensor that requires no gradient" : "no tensor",
+                           "; expected the training loss of the model");
+    dropit::detail::expect(loss.numel() == 1, "plan_memory: the loss has ", loss.numel(),
+                           " elements; expected a scalar");
+    const std::int64_t bytes = meter.current() - base - static_cast<std::int64_t>(loss.nbytes());
+    loss.backward();
+    return bytes;
+  }
+
+  /// Median seconds of the dense step and median ratio of `tools`'s step to it, timed in
+  /// alternation.
+  std::pair<double, double> time(const std::vector<block_tool>& tools) {
+    const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
+    std::vector<double> dense_seconds, ratios;
+    for (int round = 0; round < rounds_; ++round) {
+      apply(dense);
+      const double base = step_seconds();
+      apply(tools);
+      ratios.push_back(step_seconds() / base);
+      dense_seconds.push_back(base);
+    }
+    return {median(dense_seconds), median(ratios)};
+  }
+
+ private:
+  double step_seconds() {
+    root_.zero_grad(/*set_to_none=*/true);
+    synchronize(device_);
+    const auto start = std::chrono::steady_clock::now();
+    loss_().backward();
+    synchronize(device_);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  ::torch::nn::Module& root_;
+  std::vector<plan_block>& blocks_;
+  std::function<at::Tensor()> loss_;
+  c10::Device device_;
+  int rounds_;
+};
+
+}  // namespace detail
+
+/// Plans and applies, in place, one tool per block so that `root` holds no more than
+/// `options.budget()` of its dense activation bytes after forward, at the least measured step
+/// time. `loss` runs one forward of the model on a representative batch and returns the scalar
+/// loss; the planner calls it (and backward) a few dozen times. The blocks' buffers (BatchNorm's
+/// running statistics) are restored afterwards and the parameters' gradients cleared; random
+/// generators advance. Call it on a model in training mode, before building its optimizer or
+/// after (parameters are not replaced: converted layers and checkpoints share them).
+inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at::Tensor()>& loss,
+                              const PlanOptions& options = {}) {
+  const double budget = options.budget();
+  dropit::detail::expect(budget > 0.0 && budget <= 1.0, "plan_memory: budget ", budget,
+                         " is outside (0, 1]; it is the fraction of the dense model's activation "
+                         "bytes the model may hold");
+  dropit::detail::expect(options.timing_rounds() >= 1, "plan_memory: timing_rounds ",
+                         options.timing_rounds(), " must be at least 1");
+  dropit::detail::expect(static_cast<bool>(loss), "plan_memory: the loss function is empty");
+  const auto parameters = root.parameters();
+  dropit::detail::expect(!parameters.empty(), "plan_memory: ", root.name(),
+                         " has no parameters to train");
+  dropit::detail::expect(root.is_training(), "plan_memory: ", root.name(),
+                         " is in eval mode; plan in training mode, where activations are kept");
+
+  std::vector<detail::plan_block> blocks;
+  for (const auto& [prefix, container] : detail::plan_containers(root, options.containers())) {
+    std::size_t index = 0;
+    for (const auto& child : container->named_children()) {
+      detail::plan_block block;
+      block.container = container;
+      block.index = index;
+      block.name = child.key();
+      block.qualified = prefix.empty() ? child.key() : prefix + "." + child.key();
+      block.original = *(container->begin() + static_cast<std::ptrdiff_t>(index++));
+      blocks.push_back(std::move(block));
+    }
+  }
+  dropit::detail::expect(!blocks.empty(), "plan_memory: the containers hold no blocks");
+
+  // Convert the whole model once, so that skip_first and exclude count as convert counts, and
+  // remember each replacement with its block; the dense modules go back until the plan says.
+  detail::converter converter(options.convert());
+  converter.visit(root, "");
+  for (auto r = converter.replacements().rbegin(); r != converter.replacements().rend(); ++r)
+    detail::install(*r->container, r->index, r->name, r->original);
+  for (const detail::replacement& r : converter.replacements())
+    for (detail::plan_block& block : blocks)
+      if (detail::is_within(r.qualified, block.qualified)) block.replacements.push_back(r);
+
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;
+  for (const at::Tensor& buffer : root.buffers())
+    if (buffer.defined()) buffers.emplace_back(buffer, buffer.clone());
+
+  MemoryPlan plan;
+  plan.budget = budget;
+  plan.blocks.resize(blocks.size());
+  detail::plan_bench bench(root, blocks, loss, parameters.front().device(),
+                           options.timing_rounds());
+  std::vector<block_tool> tools(blocks.size(), block_tool::keep);
+  bench.held(tools);  // a first step: allocations, kernels' first-call set-up
+  plan.dense_held = bench.held(tools);
+  plan.dense_seconds = bench.time(tools).first;
+
+  // Each tool with its block alone changed.
+  for (std::size_t b = 0; b < blocks.size(); ++b) {
+    BlockPlan& block = plan.blocks[b];
+    block.name = blocks[b].qualified;
+    block.available[static_cast<std::size_t>(block_tool::convert)] =
+        !blocks[b].replacements.empty();
+    for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
+      const auto t = static_cast<std::size_t>(tool);
+      if (!block.available[t]) continue;
+      std::vector<block_tool> alone(blocks.size(), block_tool::keep);
+      alone[b] = tool;
+      block.freed_bytes[t] = plan.dense_held - bench.held(alone);
+      block.added_seconds[t] = (bench.time(alone).second - 1.0) * plan.dense_seconds;
+    }
+  }
+
+  // Greedy: the change that frees the most bytes per second added, until the budget holds. The
+  // bytes a change frees are measured in the configuration at hand (converting a block frees
+  // little alone: its first layer caches what the kept block before it holds anyway), the time it
+  // adds is the sum of its blocks' alone. Besides each block's own change, one change converts
+  // every block still kept, as convert would.
+  const double target = budget * static_cast<double>(plan.dense_held);
+  const double least_cost = 1e-3 * plan.dense_seconds;  // below the timer's noise
+  const auto added_cost = [&](const std::vector<block_tool>& from,
+                              const std::vector<block_tool>& to) {
+    double cost = 0.0;
+    for (std::size_t b = 0; b < blocks.size(); ++b)
+      cost += plan.blocks[b].added_seconds[static_cast<std::size_t>(to[b])] -
+              plan.blocks[b].added_seconds[static_cast<std::size_t>(from[b])];
+    return std::max(cost, least_cost);
+  };
+  std::int64_t held = plan.dense_held;
+  while (static_cast<double>(held) > target) {
+    std::vector<std::vector<block_tool>> changes;
+    std::vector<block_tool> convert_kept = tools;
+    for (std::size_t b = 0; b < blocks.size(); ++b) {
+      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
+        if (tool == tools[b] || !plan.blocks[b].available[static_cast<std::size_t>(tool)]) continue;
+        changes.push_back(tools);
+        changes.back()[b] = tool;
+      }
+      if (tools[b] == block_tool::keep && plan.blocks[b].available[1])
+        convert_kept[b] = block_tool::convert;
+    }
+    if (std::count(convert_kept.begin(), convert_kept.end(), block_tool::convert) >
+        std::count(tools.begin(), tools.end(), block_tool::convert) + 1)
+      changes.push_back(convert_kept);
+    double best_score = 0.0;
+    std::int64_t best_held = held;
+    std::vector<block_tool> best;
+    for (const auto& change : changes) {
+      const std::int64_t change_held = bench.held(change);
+      const double score = static_cast<double>(held - change_held) / added_cost(tools, change);
+      if (change_held < held && score > best_score) {
+        best_score = score;
+        best_held = change_held;
+        best = change;
+      }
+    }
+    if (best.empty()) break;  // nothing left that frees more
+    tools = std::move(best);
+    held = best_held;
+  }
+  plan.met = static_cast<double>(held) <= target;
+
+  // Undo what the budget no longer needs: the most expensive choices first, each stepped down to
+  // a tool before it (keep, convert, checkpoint) that costs less while the whole model still
+  // meets the budget.
+  if (plan.met) {
+    std::vector<std::size_t> order(blocks.size());
+    for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
+    const auto cost_of = [&](std::size_t b) {
+      return plan.blocks[b].added_seconds[static_cast<std::size_t>(tools[b])];
+    };
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return cost_of(a) > cost_of(b); });
+    for (const std::size_t b : order) {
+      for (const block_tool cheaper : {block_tool::keep, block_tool::convert}) {
+        const auto t = static_cast<std::size_t>(cheaper);
+        if (cheaper >= tools[b] || !plan.blocks[b].available[t] ||
+            plan.blocks[b].added_seconds[t] >= cost_of(b))
+          continue;
+        std::vector<block_tool> trial = tools;
+        trial[b] = cheaper;
+        const std::int64_t trial_held = bench.held(trial);
+        if (static_cast<double>(trial_held) <= target) {
+          tools = std::move(trial);
+          held = trial_held;
+          break;
+        }
+      }
+    }
+  }
+
+  plan.planned_held = bench.held(tools);
+  const auto [dense_seconds, ratio] = bench.time(tools);
+  plan.planned_seconds = ratio * plan.dense_seconds;
+  bench.apply(tools);
+  for (std::size_t b = 0; b < blocks.size(); ++b) plan.blocks[b].tool = tools[b];
+
+  // What the converted blocks hold, as convert reports it.
+  const ConvertReport full = converter.report();
+  const auto converted_block = [&](const std::string& name) {
+    for (std::size_t b = 0; b < blocks.size(); ++b)
+      if (tools[b] == block_tool::convert && detail::is_within(name, blocks[b].qualified))
+        return true;
+    return false;
+  };
+  for (const auto& name : full.converted)
+    if (converted_block(name)) plan.converted.converted.push_back(name);
+  for (const auto& name : full.producers)
+    if (converted_block(name)) plan.converted.producers.push_back(name);
+  for (const auto& skipped : full.skipped)
+    if (converted_block(skipped.first)) plan.converted.skipped.push_back(skipped);
+
+  {
+    const at::NoGradGuard no_grad;
+    for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
+  }
+  root.zero_grad(/*set_to_none=*/true);
+  return plan;
+}
+
+template <class ModuleHolder>
+MemoryPlan plan_memory(ModuleHolder& root, const std::function<at::Tensor()>& loss,
+                       const PlanOptions& options = {}) requires requires {
+  root.ptr();
+}
+{ return plan_memory(*root.ptr(), loss, options); }
+
+}  // namespace dropit::torch
