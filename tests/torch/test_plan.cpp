@@ -130,6 +130,25 @@ TEST_CASE("torch: plan_memory keeps everything at budget 1 and reports a budget 
   CHECK(printed.str().find("budget NOT met") != std::string::npos);
 }
 
+TEST_CASE("torch: checkpoint_each wraps every block: dense gradients and statistics, inputs held") {
+  const at::Tensor x = ::torch::randn({4, 3, 16, 16});
+  nn::Sequential dense = make_blocks(3), model = make_blocks(3);
+  dt::checkpoint_each(*model);
+  for (const auto& child : model->children())
+    CHECK(std::dynamic_pointer_cast<dt::CheckpointImpl>(child) != nullptr);
+  const std::int64_t dense_held = held_after_step(dense, x);
+  const std::int64_t held = held_after_step(model, x);
+  // The inputs of blocks 1-3 and of the head (block 0's is the data), 16 channels each; the
+  // model's output, which the loss keeps; each checkpoint's random generator state (5 KiB).
+  const std::int64_t activation = 4 * 16 * 16 * 16 * 4;
+  CHECK(held >= 4 * activation + activation / 4);
+  CHECK(held <= 4 * activation + activation / 4 + 5 * 5200);
+  CHECK(held < dense_held * 3 / 10);
+  check_equal(buffers_of(*model), buffers_of(*dense));
+  check_equal(gradients(*model, x, [&](const at::Tensor& t) { return model->forward(t); }),
+              gradients(*dense, x, [&](const at::Tensor& t) { return dense->forward(t); }));
+}
+
 namespace {
 
 /// Blocks held by a C++ member and by a Sequential, for the containers option.

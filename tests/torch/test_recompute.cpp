@@ -231,6 +231,48 @@ TEST_CASE("torch: recomputation composes with checkpoint") {
 
 namespace {
 
+/// conv -> BatchNorm -> ReLU as a module of its own (a Sequential cannot hold a Sequential).
+struct ConvNormReluImpl : nn::Module {
+  ConvNormReluImpl()
+      : layers(register_module(
+            "layers",
+            nn::Sequential(nn::Conv2d(nn::Conv2dOptions(16, 16, 3).padding(1).bias(false)),
+                           nn::BatchNorm2d(16), nn::ReLU()))) {}
+  at::Tensor forward(const at::Tensor& x) { return layers->forward(x); }
+  nn::Sequential layers;
+};
+TORCH_MODULE(ConvNormRelu);
+
+}  // namespace
+
+TEST_CASE("torch: a checkpoint whose input BatchNorm2d -> ReLU made recomputes it, keeps nothing") {
+  const auto stem = [] { return nn::Conv2d(nn::Conv2dOptions(3, 16, 3).padding(1).bias(false)); };
+  ::torch::manual_seed(12);
+  nn::Sequential dense(stem(), nn::BatchNorm2d(16), nn::ReLU(), ConvNormRelu());
+  ::torch::manual_seed(12);
+  nn::Sequential model(stem(), nn::BatchNorm2d(16), nn::ReLU(), dt::Checkpoint(ConvNormRelu()));
+  // dropit's BatchNorm and ReLU before the checkpointed block, which stays dense inside.
+  const dt::ConvertReport report = dt::convert(model, ConvertOptions().relu(true).exclude("^3\\."));
+  CHECK(report.producers == std::vector<std::string>{"1"});
+  CHECK(report.converted == std::vector<std::string>{"2"});
+
+  const at::Tensor x = ::torch::randn({4, 3, 16, 16});
+  const std::int64_t activation = 4 * 4 * 16 * 16 * 16;
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(model, x);
+  MESSAGE("held after forward: dense ", dense_held, " B, checkpointed after a producer ", held,
+          " B");
+  // The first BatchNorm's input and its ReLU's 1-bit mask, the checkpoint's random generator state
+  // (5 KiB): not the ReLU's output. Dense holds three activations (the second ReLU's output is the
+  // model's, which the loss keeps).
+  CHECK(held >= activation + activation / 32);
+  CHECK(held <= activation + activation / 32 + 8192);
+  CHECK(dense_held >= 3 * activation);
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+}
+
+namespace {
+
 /// A LayerNorm held by a C++ member, which convert cannot rebind, before a Sequential's Linear.
 struct NormThenLinearImpl : nn::Module {
   NormThenLinearImpl()

@@ -4,7 +4,8 @@
 /// its activations, and runs again in backward to compute its gradients, as Python's
 /// `torch.utils.checkpoint` does (its reentrant variant). The random generators of the devices the
 /// block's inputs live on (and the CPU's) are restored before the second run, so dropout replays
-/// the same mask; checkpoints nest; dropit's layers inside cache only during the second run.
+/// the same mask; checkpoints nest; dropit's layers inside cache only during the second run. An
+/// input that a dropit producer made is recomputed from the producer's sources, not kept.
 ///
 ///     auto y = dropit::torch::checkpoint([&](const variable_list& x) { return variable_list{
 ///                                            block->forward(x[0])}; },
@@ -23,6 +24,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "../config.hpp"
+#include "recompute.hpp"
 
 namespace dropit::torch {
 
@@ -95,7 +97,27 @@ class checkpoint_function : public ::torch::autograd::Function<checkpoint_functi
       std::lock_guard<std::mutex> lock(generator.mutex());
       block->generator_states.emplace_back(generator, generator.get_state());
     }
-    ctx->save_for_backward(inputs);
+    // An input a dropit producer made (and autograd keeps the producer's sources anyway) is saved
+    // as that recipe and recomputed in backward: a checkpoint after BatchNorm -> ReLU, say, then
+    // holds nothing of its own.
+    ::torch::autograd::variable_list saved;
+    std::vector<std::int64_t> recomputed_sources;  // per input: the recipe's sources, or -1
+    c10::List<bool> requires_grad;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      requires_grad.push_back(inputs[i].defined() && inputs[i].requires_grad());
+      const auto recomputable = recipe_of(inputs[i]);
+      if (!recomputable) {
+        saved.push_back(inputs[i]);
+        recomputed_sources.push_back(-1);
+        continue;
+      }
+      recomputable->recipe.save(ctx, "input" + std::to_string(i));
+      saved.insert(saved.end(), recomputable->sources.begin(), recomputable->sources.end());
+      recomputed_sources.push_back(static_cast<std::int64_t>(recomputable->sources.size()));
+    }
+    ctx->save_for_backward(saved);
+    ctx->saved_data["recomputed_sources"] = recomputed_sources;
+    ctx->saved_data["requires_grad"] = requires_grad;
     ctx->saved_data["block"] = c10::IValue::make_capsule(block);
     ctx->saved_data["parameters"] =
         static_cast<std::int64_t>(inputs_and_parameters.size() - input_count);
@@ -117,10 +139,23 @@ class checkpoint_function : public ::torch::autograd::Function<checkpoint_functi
     const auto saved = ctx->get_saved_variables();
     const auto block = c10::static_intrusive_pointer_cast<checkpointed_block>(
         ctx->saved_data["block"].toCapsule());
+    const std::vector<std::int64_t> recomputed_sources =
+        ctx->saved_data["recomputed_sources"].toIntVector();
+    const c10::List<bool> requires_grad = ctx->saved_data["requires_grad"].toBoolList();
     ::torch::autograd::variable_list inputs;
-    for (const auto& input : saved)
-      inputs.push_back(input.defined() ? input.detach().requires_grad_(input.requires_grad())
-                                       : input);
+    auto next = saved.begin();
+    for (std::size_t i = 0; i < recomputed_sources.size(); ++i) {
+      at::Tensor input;
+      if (recomputed_sources[i] < 0) {
+        input = *next++;
+      } else {
+        const std::vector<at::Tensor> sources(next, next + recomputed_sources[i]);
+        next += recomputed_sources[i];
+        const at::NoGradGuard no_grad;
+        input = producer_recipe::load(ctx, "input" + std::to_string(i)).compute(sources);
+      }
+      inputs.push_back(input.defined() ? input.detach().requires_grad_(requires_grad[i]) : input);
+    }
     ::torch::autograd::variable_list outputs;
     {
       const generator_replay replay(block->generator_states);

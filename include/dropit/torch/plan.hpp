@@ -251,6 +251,16 @@ class plan_bench {
 
 }  // namespace detail
 
+/// Wraps every child of `blocks` in a Checkpoint: per-block checkpointing, which holds each
+/// block's input only (the plan with every block checkpointed).
+inline void checkpoint_each(::torch::nn::SequentialImpl& blocks) {
+  std::size_t index = 0;
+  for (const auto& child : blocks.named_children()) {
+    const ::torch::nn::AnyModule block = *(blocks.begin() + static_cast<std::ptrdiff_t>(index));
+    detail::install(blocks, index++, child.key(), ::torch::nn::AnyModule(Checkpoint(block)));
+  }
+}
+
 /// Plans and applies, in place, one tool per block so that `root` holds no more than
 /// `options.budget()` of its dense activation bytes after forward, at the least measured step
 /// time. `loss` runs one forward of the model on a representative batch and returns the scalar

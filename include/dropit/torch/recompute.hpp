@@ -77,22 +77,24 @@ struct producer_recipe {
   }
 
   /// As autograd's saved data (which holds IValues only), and back.
-  void save(::torch::autograd::AutogradContext* ctx) const {
-    ctx->saved_data["recipe_kind"] = static_cast<std::int64_t>(what);
-    ctx->saved_data["recipe_shape"] = normalized_shape;
-    ctx->saved_data["recipe_eps"] = eps;
-    ctx->saved_data["recipe_approximate"] = approximate;
-    ctx->saved_data["recipe_batch_statistics"] = batch_statistics;
-    ctx->saved_data["recipe_relu"] = relu;
+  /// `prefix` tells apart the recipes of one function's several inputs.
+  void save(::torch::autograd::AutogradContext* ctx, const std::string& prefix = "recipe") const {
+    ctx->saved_data[prefix + "_kind"] = static_cast<std::int64_t>(what);
+    ctx->saved_data[prefix + "_shape"] = normalized_shape;
+    ctx->saved_data[prefix + "_eps"] = eps;
+    ctx->saved_data[prefix + "_approximate"] = approximate;
+    ctx->saved_data[prefix + "_batch_statistics"] = batch_statistics;
+    ctx->saved_data[prefix + "_relu"] = relu;
   }
-  static producer_recipe load(::torch::autograd::AutogradContext* ctx) {
+  static producer_recipe load(::torch::autograd::AutogradContext* ctx,
+                              const std::string& prefix = "recipe") {
     producer_recipe r;
-    r.what = static_cast<kind>(ctx->saved_data["recipe_kind"].toInt());
-    r.normalized_shape = ctx->saved_data["recipe_shape"].toIntVector();
-    r.eps = ctx->saved_data["recipe_eps"].toDouble();
-    r.approximate = ctx->saved_data["recipe_approximate"].toStringRef();
-    r.batch_statistics = ctx->saved_data["recipe_batch_statistics"].toBool();
-    r.relu = ctx->saved_data["recipe_relu"].toBool();
+    r.what = static_cast<kind>(ctx->saved_data[prefix + "_kind"].toInt());
+    r.normalized_shape = ctx->saved_data[prefix + "_shape"].toIntVector();
+    r.eps = ctx->saved_data[prefix + "_eps"].toDouble();
+    r.approximate = ctx->saved_data[prefix + "_approximate"].toStringRef();
+    r.batch_statistics = ctx->saved_data[prefix + "_batch_statistics"].toBool();
+    r.relu = ctx->saved_data[prefix + "_relu"].toBool();
     return r;
   }
 };
