@@ -9,7 +9,8 @@
 ///   checkpoint  the dense block run again in backward (`Checkpoint`): it holds its input only.
 ///
 /// Bytes are measured at the allocator on the caller's own training step, with the whole model in
-/// each configuration; step time is measured too, interleaved with the dense step. Starting from
+/// each configuration; times are measured too: each block's forward (what a checkpoint repeats)
+/// and the converted model's step against the dense one, interleaved. Starting from
 /// every block kept, the planner repeatedly takes the change that frees the most bytes per second
 /// it adds, until the model holds no more than the budget; then it undoes what the budget no
 /// longer needs, most expensive first. The model is left with the plan applied.
@@ -61,16 +62,19 @@ struct PlanOptions {
   /// Qualified names of the Sequentials whose children are the blocks. Empty: the root's children
   /// if the root is a Sequential, else every Sequential among the root's children.
   TORCH_ARG(std::vector<std::string>, containers) = {};
-  /// Training steps timed per candidate, each beside a dense one.
-  TORCH_ARG(int, timing_rounds) = 3;
+  /// Timed repetitions: forwards of each block, and steps of the converted model beside dense
+  /// ones (the final plan's too).
+  TORCH_ARG(int, timing_rounds) = 7;
 };
 
 /// One block in a plan: the tool chosen, and what each tool did with this block alone changed.
 struct BlockPlan {
   std::string name;
   block_tool tool = block_tool::keep;
-  /// Per tool (indexed by block_tool): bytes held after forward it frees, seconds it adds to a
-  /// training step, and whether it applies (convert needs a layer to convert).
+  /// Per tool (indexed by block_tool): bytes held after forward it frees with this block alone
+  /// changed (measured), seconds it adds to a training step (checkpoint: the block's forward,
+  /// timed; convert: this block's share, by forward time, of what converting every block adds),
+  /// and whether it applies (convert needs a layer to convert).
   std::array<std::int64_t, 3> freed_bytes{};
   std::array<double, 3> added_seconds{};
   std::array<bool, 3> available{true, false, true};
@@ -173,6 +177,26 @@ inline double median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+/// A block whose forward is timed (synchronised with the device).
+class timed_block : public ::torch::nn::Module {
+ public:
+  timed_block(::torch::nn::AnyModule block, c10::Device device)
+      : block_(std::move(block)), device_(device) {}
+  at::Tensor forward(const at::Tensor& input) {
+    synchronize(device_);
+    const auto start = std::chrono::steady_clock::now();
+    at::Tensor output = block_.forward<at::Tensor>(input);
+    synchronize(device_);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return output;
+  }
+  double seconds = 0.0;
+
+ private:
+  ::torch::nn::AnyModule block_;
+  c10::Device device_;
+};
+
 /// Measures the caller's training step on the model in any configuration of tools.
 class plan_bench {
  public:
@@ -215,6 +239,29 @@ class plan_bench {
     const std::int64_t bytes = meter.current() - base - static_cast<std::int64_t>(loss.nbytes());
     loss.backward();
     return bytes;
+  }
+
+  /// Median seconds of each block's forward in the dense model, during the loss's forward.
+  std::vector<double> forward_seconds() {
+    apply(std::vector<block_tool>(blocks_.size(), block_tool::keep));
+    std::vector<std::shared_ptr<timed_block>> timers;
+    for (plan_block& block : blocks_) {
+      timers.push_back(std::make_shared<timed_block>(block.original, device_));
+      install(*block.container, block.index, block.name, ::torch::nn::AnyModule(timers.back()));
+    }
+    std::vector<std::vector<double>> seconds(blocks_.size());
+    for (int round = 0; round < rounds_; ++round) {
+      for (auto& timer : timers) timer->seconds = 0.0;
+      root_.zero_grad(/*set_to_none=*/true);
+      loss_();  // the graph is dropped unused
+      for (std::size_t b = 0; b < blocks_.size(); ++b) seconds[b].push_back(timers[b]->seconds);
+    }
+    std::vector<double> medians;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      install(*blocks_[b].container, blocks_[b].index, blocks_[b].name, blocks_[b].original);
+      medians.push_back(median(seconds[b]));
+    }
+    return medians;
   }
 
   /// Median seconds of the dense step and median ratio of `tools`'s step to it, timed in
@@ -320,21 +367,38 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
   std::vector<block_tool> tools(blocks.size(), block_tool::keep);
   bench.held(tools);  // a first step: allocations, kernels' first-call set-up
   plan.dense_held = bench.held(tools);
-  plan.dense_seconds = bench.time(tools).first;
 
-  // Each tool with its block alone changed.
+  // What each tool costs in time. Differences of whole steps are too noisy for a single block's
+  // share (a few percent of a step), so: a checkpoint costs its block's forward once more, timed
+  // block by block; converting costs what converting every block costs, timed against dense
+  // steps, shared among the blocks in proportion to their forward time.
+  std::vector<block_tool> convert_all(blocks.size(), block_tool::keep);
+  for (std::size_t b = 0; b < blocks.size(); ++b)
+    if (!blocks[b].replacements.empty()) convert_all[b] = block_tool::convert;
+  const std::vector<double> forward_seconds = bench.forward_seconds();
+  const auto [dense_seconds, convert_ratio] = bench.time(convert_all);
+  plan.dense_seconds = dense_seconds;
+  double convertible_forward = 0.0;
+  for (std::size_t b = 0; b < blocks.size(); ++b)
+    if (convert_all[b] == block_tool::convert) convertible_forward += forward_seconds[b];
+  const double convert_seconds = std::max(0.0, convert_ratio - 1.0) * dense_seconds;
+
+  // Each tool's bytes with its block alone changed (measured), and its time (as above).
   for (std::size_t b = 0; b < blocks.size(); ++b) {
     BlockPlan& block = plan.blocks[b];
     block.name = blocks[b].qualified;
     block.available[static_cast<std::size_t>(block_tool::convert)] =
-        !blocks[b].replacements.empty();
+        convert_all[b] == block_tool::convert;
+    block.added_seconds[static_cast<std::size_t>(block_tool::checkpoint)] = forward_seconds[b];
+    if (convert_all[b] == block_tool::convert && convertible_forward > 0.0)
+      block.added_seconds[static_cast<std::size_t>(block_tool::convert)] =
+          convert_seconds * forward_seconds[b] / convertible_forward;
     for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
       const auto t = static_cast<std::size_t>(tool);
       if (!block.available[t]) continue;
       std::vector<block_tool> alone(blocks.size(), block_tool::keep);
       alone[b] = tool;
       block.freed_bytes[t] = plan.dense_held - bench.held(alone);
-      block.added_seconds[t] = (bench.time(alone).second - 1.0) * plan.dense_seconds;
     }
   }
 
@@ -417,8 +481,7 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
   }
 
   plan.planned_held = bench.held(tools);
-  const auto [dense_seconds, ratio] = bench.time(tools);
-  plan.planned_seconds = ratio * plan.dense_seconds;
+  plan.planned_seconds = bench.time(tools).second * plan.dense_seconds;
   bench.apply(tools);
   for (std::size_t b = 0; b < blocks.size(); ++b) plan.blocks[b].tool = tools[b];
 
