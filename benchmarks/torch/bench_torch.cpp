@@ -1,15 +1,17 @@
 // dropit_bench_torch, against what a LibTorch user already runs:
-// - train_step/<model>/...: full training steps (forward, loss, backward, optimizer step) of the
-// two
-//   Fashion-MNIST example models, dense and converted to dropit (γ = 0.9, chunked min-k, 1-bit
-//   ReLU), interleaved step by step on the same batch. Counters: median step times, the median of
-//   per-step time ratios, and the peak bytes a step allocates above what was live before it
-//   (measured at torch's allocator by MemoryMeter).
+// - train_step/<model>/dense_vs_<variant>/...: full training steps (forward, loss, backward,
+//   optimizer step) of the two Fashion-MNIST example models, dense against one variant,
+//   interleaved step by step on the same batch. Variants: dropit (convert: γ = 0.9, chunked min-k,
+//   1-bit ReLU, exact recomputation after LayerNorm, GELU and BatchNorm -> ReLU), checkpoint (every
+//   block checkpointed), plan (plan_memory at a budget). Counters: median step times, the median
+//   of per-step time ratios, the bytes held after forward and the peak bytes a step allocates
+//   above what was live before it (measured at torch's allocator by MemoryMeter).
 // - weight_grad/<layer>/<variant>/gamma:<γ>: one weight gradient of each conv2d and linear layer of
 //   the example models: LibTorch's own kernel on the dense input (torch_dense), dropit's sparse
 //   kernel on the cache (dropit_sparse), densify + LibTorch's kernel (dropit_densify). The cost
 //   model of dropit::torch::sparse_weight_grad_crossover is fitted to these.
-// benchmarks/torch/report.py turns the JSON output into the tables of benchmarks/results/torch-<machine>.md.
+// benchmarks/torch/report.py turns the JSON output into the tables of
+// benchmarks/results/torch-<machine>.md.
 //
 // Environment: DROPIT_BENCH_THREADS (default: every core) sets torch's, OpenBLAS's and dropit's
 // thread count; DROPIT_BENCH_BATCH (128); DROPIT_BENCH_STEPS (interleaved step pairs, 60);
@@ -23,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -70,23 +74,37 @@ const Batch& batch() {
   return b;
 }
 
-/// An example model, dense or converted to dropit, with its optimizer and one training step.
+/// How a variant treats the model: dense, dropit (convert), checkpoint (every block), plan.
+struct Variant {
+  std::string name;
+  double budget = 0.0;  // plan
+};
+
+/// An example model, dense or as a variant, with its optimizer and one training step.
 struct Trainer {
   std::shared_ptr<fmnist::Classifier> model;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  dropit::torch::MemoryPlan plan;
 
-  Trainer(const std::string& kind, bool use_dropit) {
+  Trainer(const std::string& kind, const Variant& variant, const Batch& data) {
+    namespace dt = dropit::torch;
     fmnist::ModelConfig config;
     config.kind = kind;
     torch::manual_seed(0);
     model = fmnist::make_model(config);
     model->train();
-    if (use_dropit) {
-      dropit::torch::convert(*model,
-                             dropit::torch::ConvertOptions()
-                                 .dropit(dropit::torch::DropitOptions().gamma(0.9).selection(
-                                     dropit::selection_kind::chunked_min_k))
-                                 .relu(true));
+    const dt::ConvertOptions convert =
+        dt::ConvertOptions()
+            .dropit(dt::DropitOptions().gamma(0.9).selection(dropit::selection_kind::chunked_min_k))
+            .relu(true);
+    if (variant.name == "dropit") dt::convert(*model, convert);
+    if (variant.name == "checkpoint")
+      dt::checkpoint_each(*model->named_children()["blocks"]->as<torch::nn::Sequential>());
+    if (variant.name == "plan") {
+      plan = dt::plan_memory(
+          *model, [&] { return loss(data); },
+          dt::PlanOptions().budget(variant.budget).convert(convert));
+      std::cerr << kind << ": " << plan << "\n";
     }
     // The optimizers of the training example: SGD with momentum for the CNN, AdamW for the ViT.
     if (kind == "cnn")
@@ -98,20 +116,44 @@ struct Trainer {
           model->parameters(), torch::optim::AdamWOptions(1e-4).weight_decay(0.05));
   }
 
+  torch::Tensor loss(const Batch& data) {
+    return torch::nn::functional::cross_entropy(model->forward(data.images), data.labels);
+  }
+
   void step(const Batch& data) {
     optimizer->zero_grad();
-    torch::Tensor loss =
-        torch::nn::functional::cross_entropy(model->forward(data.images), data.labels);
-    loss.backward();
+    loss(data).backward();
     optimizer->step();
+  }
+
+  /// Bytes the graph holds after forward (the loss excluded), measured at the allocator.
+  std::int64_t held_after_forward(const Batch& data) {
+    optimizer->zero_grad();
+    dropit::torch::MemoryMeter meter;
+    const std::int64_t base = meter.current();
+    torch::Tensor value = loss(data);
+    const std::int64_t held = meter.current() - base - static_cast<std::int64_t>(value.nbytes());
+    value.backward();
+    optimizer->zero_grad();
+    return held;
   }
 };
 
-/// Dense and dropit training steps of one model, interleaved on the same batch (step_timing.hpp,
+/// One trainer per model and variant for the whole run: a plan is made once, not once per
+/// repetition.
+Trainer& trainer(const std::string& kind, const Variant& variant) {
+  static std::map<std::string, std::unique_ptr<Trainer>> trainers;
+  auto& slot = trainers[kind + "/" + variant.name + "/" + std::to_string(variant.budget)];
+  if (!slot) slot = std::make_unique<Trainer>(kind, variant, batch());
+  return *slot;
+}
+
+/// Dense and variant training steps of one model, interleaved on the same batch (step_timing.hpp,
 /// shared with the training example). Each iteration is one step of each; the counters are medians
 /// over the iterations, the time ratio the median of per-iteration ratios.
-void train_step(benchmark::State& state, const std::string& kind) {
-  Trainer dense(kind, false), dropit(kind, true);
+void train_step(benchmark::State& state, const std::string& kind, const Variant& variant) {
+  Trainer& dense = trainer(kind, {"dense"});
+  Trainer& dropit = trainer(kind, variant);
   const Batch& data = batch();
   dropit::torch::MemoryMeter meter;
   for (int warm = 0; warm < 2; ++warm) {  // allocates the gradients and the optimizer state
@@ -131,6 +173,19 @@ void train_step(benchmark::State& state, const std::string& kind) {
   state.counters["dropit_peak_bytes"] = static_cast<double>(steps.dropit_peak());
   state.counters["peak_ratio"] = steps.peak_ratio();
   state.counters["parameters"] = static_cast<double>(fmnist::parameter_count(*dense.model));
+  const std::int64_t dense_held = dense.held_after_forward(data);
+  const std::int64_t held = dropit.held_after_forward(data);
+  state.counters["dense_held_bytes"] = static_cast<double>(dense_held);
+  state.counters["dropit_held_bytes"] = static_cast<double>(held);
+  state.counters["held_ratio"] = static_cast<double>(held) / static_cast<double>(dense_held);
+  if (variant.name == "plan") {
+    std::int64_t tools[3] = {};
+    for (const auto& block : dropit.plan.blocks) ++tools[static_cast<int>(block.tool)];
+    state.counters["plan_kept"] = static_cast<double>(tools[0]);
+    state.counters["plan_converted"] = static_cast<double>(tools[1]);
+    state.counters["plan_checkpointed"] = static_cast<double>(tools[2]);
+    state.counters["plan_met"] = dropit.plan.met ? 1.0 : 0.0;
+  }
 }
 
 // --- One layer's weight gradient: dropit's two paths against LibTorch's own kernel ---------------
@@ -239,14 +294,21 @@ int main(int argc, char** argv) {
             ->UseRealTime();
       }
   const int steps = env_int("DROPIT_BENCH_STEPS", 60);
-  for (const std::string kind : {"cnn", "vit"}) {
-    const std::string name = "train_step/" + kind + "/dense_vs_dropit_chunked_min_k/gamma:0.9" + b;
-    benchmark::RegisterBenchmark(name.c_str(),
-                                 [kind](benchmark::State& state) { train_step(state, kind); })
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(steps)
-        ->UseManualTime();
-  }
+  const std::pair<std::string, Variant> step_variants[] = {
+      {"dense_vs_dropit_chunked_min_k/gamma:0.9", {"dropit"}},
+      {"dense_vs_checkpoint", {"checkpoint"}},
+      {"dense_vs_plan/budget:0.5", {"plan", 0.5}},
+      {"dense_vs_plan/budget:0.3", {"plan", 0.3}}};
+  for (const std::string kind : {"cnn", "vit"})
+    for (const auto& [variant_name, variant] : step_variants) {
+      const std::string name = "train_step/" + kind + "/" + variant_name + b;
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [kind, variant](benchmark::State& state) { train_step(state, kind, variant); })
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(steps)
+          ->UseManualTime();
+    }
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;

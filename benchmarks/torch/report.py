@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Markdown report of a dropit_bench_torch run (Google Benchmark JSON): the interleaved training
-steps of each example model, dense against dropit, and each layer's weight gradient by dropit's two
-paths against LibTorch's own kernel.
+steps of each example model, dense against dropit, checkpointing and the memory planner, and each
+layer's weight gradient by dropit's two paths against LibTorch's own kernel.
 
 Times of the weight_grad cases are medians over repetitions when the file holds aggregates,
 otherwise means over the reported runs. The train_step cases carry their own medians as counters.
 
-Target: a dropit training step no slower than the dense one (≤ 1.00×) at γ = 0.9.
+Targets: a dropit training step no slower than the dense one (≤ 1.00×) at γ = 0.9; the memory
+planner at budget 0.5 holding ≤ 0.50× dense after forward at ≤ 1.03× step time, at 0.3 ≤ 0.30×
+at ≤ 1.10×.
 
 Usage: report.py RESULTS.json [--label LABEL] [--output torch.md]
 """
@@ -25,11 +27,31 @@ TIME_TARGET = 1.00
 ms = gbench_results.time_ms
 
 
+# Targets of each variant: (held ratio, time ratio); None where there is none.
+TARGETS = {
+    "dropit": (None, TIME_TARGET),
+    "plan 0.5": (0.50, 1.03),
+    "plan 0.3": (0.30, 1.10),
+}
+
+
+def variant_of(parts, field):
+    """'dropit', 'checkpoint' or 'plan <budget>' from a case name's parts."""
+    variant = parts[2].removeprefix("dense_vs_")
+    if variant.startswith("dropit"):
+        return "dropit"
+    if variant == "plan":
+        return f"plan {field.get('budget', '?')}"
+    return variant
+
+
 def train_step_table(cases):
-    """Rows of train_step/<model>/<variant>/B:<batch>: interleaved dense and dropit steps."""
-    header = ["model", "batch", "repetitions × step pairs", "dense ms", "dropit ms", "time dropit/dense",
-              f"target ≤ {TIME_TARGET:.2f}", "dense peak MiB", "dropit peak MiB",
-              "peak dropit/dense"]
+    """Rows of train_step/<model>/dense_vs_<variant>/.../B:<batch>: interleaved dense and variant
+    steps."""
+    header = ["model", "variant", "batch", "repetitions × step pairs", "dense ms", "variant ms",
+              "time variant/dense", "held after forward dense MiB", "variant MiB",
+              "held variant/dense", "peak dense MiB", "variant MiB", "peak variant/dense",
+              "target (held, time)"]
     rows, verdicts = [], []
     for name, entry in cases.items():
         parts = name.split("/")
@@ -37,19 +59,27 @@ def train_step_table(cases):
             continue
         field = {p.split(":", 1)[0]: p.split(":", 1)[1] for p in parts if ":" in p}
         batch = field.get("B", "?")
+        variant = variant_of(parts, field)
         if entry.get("error_occurred"):
-            rows.append([parts[1], batch, "error"] + [""] * (len(header) - 3))
+            rows.append([parts[1], variant, batch, "error"] + [""] * (len(header) - 4))
             continue
-        met = entry["time_ratio"] <= TIME_TARGET
-        verdicts.append(met)
+        held_target, time_target = TARGETS.get(variant, (None, None))
+        met = ((held_target is None or entry["held_ratio"] <= held_target)
+               and (time_target is None or entry["time_ratio"] <= time_target))
+        if time_target is not None:
+            verdicts.append(met)
+        target = " / ".join(f"≤ {t:.2f}" if t is not None else "—"
+                            for t in (held_target, time_target))
         repetitions = entry.get("repetitions", 1)
         steps = f"{repetitions} × {field['iterations']}" if "iterations" in field else "?"
         rows.append([
-            parts[1], batch, steps,
-            f"{entry['dense_ms']:.1f}", f"{entry['dropit_ms']:.1f}",
-            f"{entry['time_ratio']:.3f}", "met" if met else "**missed**",
+            parts[1], variant, batch, steps,
+            f"{entry['dense_ms']:.1f}", f"{entry['dropit_ms']:.1f}", f"{entry['time_ratio']:.3f}",
+            f"{entry['dense_held_bytes'] / 2**20:.1f}", f"{entry['dropit_held_bytes'] / 2**20:.1f}",
+            f"{entry['held_ratio']:.3f}",
             f"{entry['dense_peak_bytes'] / 2**20:.1f}", f"{entry['dropit_peak_bytes'] / 2**20:.1f}",
             f"{entry['peak_ratio']:.3f}",
+            "—" if time_target is None else f"{target}: {'met' if met else '**missed**'}",
         ])
     return header, rows, verdicts
 
@@ -105,19 +135,26 @@ def report(context, cases, label):
             "## Training step",
             "",
             "One step = forward, cross-entropy, backward, optimizer step (SGD with momentum for the "
-            "CNN, AdamW for the ViT). Dense and dropit steps alternate (dense, dropit, dropit, "
+            "CNN, AdamW for the ViT). Dense and variant steps alternate (dense, variant, variant, "
             "dense, ...) on the same batch; within a repetition, times are medians over the steps and "
             "the time ratio the median of the per-step ratios; the table gives the median over the "
-            "repetitions. Peak = the most bytes a step allocated above what was "
-            "live before it (weights, gradients, optimizer state), measured at torch's allocator "
-            "by `dropit::torch::MemoryMeter`. dropit = `convert(model, ConvertOptions().relu(true))`:"
-            " every Conv2d and Linear but the first at γ = 0.9 (chunked min-k), plus the 1-bit ReLU;"
-            " LayerNorm and GELU become dropit's, so the Linear layers reading them recompute their"
-            " inputs (the ViT's q/k/v and both MLP layers).",
+            "repetitions. Held = the bytes the graph holds after forward (the loss excluded); "
+            "peak = the most bytes a step allocated above what was live before it (weights, "
+            "gradients, optimizer state); both measured at torch's allocator by "
+            "`dropit::torch::MemoryMeter`. Variants: dropit = `convert(model, "
+            "ConvertOptions().relu(true))`: every Conv2d and Linear but the first at γ = 0.9 "
+            "(chunked min-k), plus the 1-bit ReLU; LayerNorm, GELU and BatchNorm2d become dropit's, "
+            "so the layers reading them (directly or through a ReLU) recompute their inputs "
+            "exactly. checkpoint = `checkpoint_each(blocks)`: every residual or transformer block "
+            "checkpointed, dense inside. plan b = `plan_memory(model, loss, "
+            "PlanOptions().budget(b))`: per block (stem and head layers, residual or transformer "
+            "blocks) keep, convert (as dropit) or checkpoint, to hold at most b of dense after "
+            "forward at the least measured time. Targets: dropit no slower than dense; plan 0.5 "
+            "≤ 0.50× held at ≤ 1.03× time; plan 0.3 ≤ 0.30× at ≤ 1.10×.",
             "",
         ]
         lines += markdown_table(header, rows)
-        lines += ["", f"Time target met for {sum(verdicts)} of {len(verdicts)} model(s)."]
+        lines += ["", f"Targets met by {sum(verdicts)} of {len(verdicts)} case(s)."]
     header, rows = weight_grad_table(cases)
     if rows:
         lines += [

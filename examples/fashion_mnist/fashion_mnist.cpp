@@ -6,6 +6,7 @@
 //   dropit_fashion_mnist --demo       # CNN, 2 epochs on 20k images, dense vs dropit γ=0.9
 //   dropit_fashion_mnist --model vit --epochs 5 --gamma 0.8,0.9
 //   dropit_fashion_mnist --variants dropit --selection random,min_k --granularity element,channel
+//   dropit_fashion_mnist --demo --budgets 0.5,0.3   # also the memory planner at two budgets
 //
 // Writes <out-dir>/settings.csv, epochs.csv (one row per variant and epoch), steps.csv (the
 // training loss of every step), step_ratios.csv and curves.png (harness.hpp has the details).
@@ -94,15 +95,28 @@ Trained train(const fmnist::Options& o, const fmnist::Variant& variant,
                         .chunk_size(o.chunk_size)
                         .seed(o.seed))
             .relu(o.relu_mask);
-    const dropit::torch::ConvertReport report = dropit::torch::convert(*run.model, options);
-    std::cerr << variant.name() << ": ";
-    if (o.verbose) {
-      std::cerr << report << '\n';
+    if (variant.budget > 0) {
+      // Or let the planner choose per block: keep, convert as above, or checkpoint, measured on
+      // the first training batch.
+      const std::int64_t batch = std::min(o.batch_size, data.train.size());
+      const torch::Tensor images = data.train.images.narrow(0, 0, batch);
+      const torch::Tensor labels = data.train.labels.narrow(0, 0, batch);
+      const dropit::torch::MemoryPlan plan = dropit::torch::plan_memory(
+          *run.model,
+          [&] { return torch::nn::functional::cross_entropy(run.model->forward(images), labels); },
+          dropit::torch::PlanOptions().budget(variant.budget).convert(options));
+      std::cerr << variant.name() << ": " << plan << '\n';
     } else {
-      std::cerr << "converted " << report.converted.size() << " layers";
-      for (const auto& [name, reason] : report.skipped)
-        std::cerr << "; kept " << name << " (" << reason << ")";
-      std::cerr << '\n';
+      const dropit::torch::ConvertReport report = dropit::torch::convert(*run.model, options);
+      std::cerr << variant.name() << ": ";
+      if (o.verbose) {
+        std::cerr << report << '\n';
+      } else {
+        std::cerr << "converted " << report.converted.size() << " layers";
+        for (const auto& [name, reason] : report.skipped)
+          std::cerr << "; kept " << name << " (" << reason << ")";
+        std::cerr << '\n';
+      }
     }
   }
   run.optimizer = make_optimizer(o, *run.model);

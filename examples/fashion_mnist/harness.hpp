@@ -43,6 +43,7 @@ struct Options {
   std::int64_t test_subset = 0;   // 0: all 10000
   std::vector<std::string> variants{"dense", "dropit"};
   std::vector<double> gammas{0.9};
+  std::vector<double> budgets;  // memory planner variants
   std::vector<std::string> selections{"chunked_min_k"};
   std::vector<std::string> granularities{"element"};
   std::int64_t chunk_size = dropit::default_chunk_size;
@@ -63,11 +64,15 @@ struct Variant {
   bool dropit = false;
   std::string selection = "-", granularity = "-";
   double gamma = 0;
+  /// Above 0: plan_memory at this budget, converting blocks with the policy above.
+  double budget = 0;
 
   std::string name() const {
     if (!dropit) return "dense";
     std::ostringstream s;
+    if (budget > 0) s << "plan " << budget << " (";
     s << "dropit " << selection << (granularity == "channel" ? " channel" : "") << " g=" << gamma;
+    if (budget > 0) s << ")";
     return s.str();
   }
 };
@@ -130,6 +135,15 @@ inline int parse_options(int argc, char** argv, Options& o) {
       ->delimiter(',')
       ->check(CLI::IsMember({"dense", "dropit"}))
       ->capture_default_str();
+  app.add_option("--budgets", o.budgets,
+                 "Also train the memory planner's model at each budget (a fraction of dense "
+                 "activation bytes, in (0, 1]), converting blocks with the first policy")
+      ->delimiter(',')
+      ->check([](const std::string& value) {
+        const double budget = std::strtod(value.c_str(), nullptr);
+        return budget > 0.0 && budget <= 1.0 ? std::string()
+                                             : "budget " + value + " is outside (0, 1]";
+      });
   app.add_option("--gamma", o.gammas,
                  "Drop rates of the dropit variants, comma-separated, in [0, 1)")
       ->delimiter(',')
@@ -223,6 +237,12 @@ inline std::vector<Variant> variants_of(const Options& o) {
         continue;
       }
       for (double gamma : o.gammas) variants.push_back({true, selection, granularity, gamma});
+    }
+  if (variants.size() > (wants("dense") ? 1u : 0u))
+    for (double budget : o.budgets) {
+      Variant plan = variants.back();
+      plan.budget = budget;
+      variants.push_back(plan);
     }
   return variants;
 }
