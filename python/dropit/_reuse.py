@@ -1,10 +1,11 @@
-"""What a linear layer's input may already be, so that the layer needs no cache of it.
+"""What a layer's input may already be, so that the layer needs no cache of it.
 
 - The output of torch's fused attention (a view with the heads merged, as an output projection reads
-  it): the attention keeps it for its own backward, so saving it costs nothing.
-- The output of a cheap producer (dropit.nn.LayerNorm, GELU, SiLU) whose inputs autograd keeps
-  anyway: the layer saves nothing and recomputes its input in backward, exactly (the same kernel on
-  the same tensors), and its weight gradient is the dense one.
+  it): the attention keeps it for its own backward, so saving it costs nothing (linear layers).
+- The output of a cheap producer (dropit.nn.LayerNorm, BatchNorm2d, GELU, SiLU, and a dropit ReLU
+  applied to one) whose inputs autograd keeps anyway: the linear or convolution layer saves nothing
+  and recomputes its input in backward, exactly (the same kernels on the same tensors), and its
+  weight gradient is the dense one.
 
 Both are read off eager tensors; torch.compile does not trace them (its partitioner recomputes
 cheap producers itself), so a compiled layer caches.
@@ -56,9 +57,14 @@ def recipe_of(input: torch.Tensor) -> Optional[Tuple[Callable, tuple]]:
     return recompute, sources
 
 
+def recomputable(input: torch.Tensor) -> bool:
+    """Whether ``input`` is a producer's untouched output, which a layer can recompute."""
+    return recipe_of(input) is not None
+
+
 def reusable(input: torch.Tensor) -> bool:
     """Whether a linear layer reading ``input`` needs no cache of it."""
-    return kept_by_attention(input) or recipe_of(input) is not None
+    return kept_by_attention(input) or recomputable(input)
 
 
 class RecomputedInputLinear(torch.autograd.Function):
@@ -100,3 +106,49 @@ def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor,
         return None
     recompute, sources = recipe
     return RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
+
+
+class RecomputedInputConvolution(torch.autograd.Function):
+    """A zero-padded convolution saving only ``sources``: backward recomputes the input as
+    ``recompute(*sources)`` and runs torch's own convolution backward on it, as the dense layer's
+    backward does."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias, stride, padding, dilation, groups, recompute, *sources):
+        ctx.recompute, ctx.has_bias = recompute, bias is not None
+        ctx.arguments = (stride, padding, dilation, groups)
+        ctx.input_shape = input.shape
+        ctx.save_for_backward(weight, *sources)
+        return torch.ops.aten.convolution(input, weight, bias, stride, padding, dilation, False,
+                                          [0] * len(stride), groups)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        weight, *sources = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.arguments
+        wanted = [ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                  ctx.has_bias and ctx.needs_input_grad[2]]
+        if wanted[1]:
+            with torch.no_grad():
+                input = ctx.recompute(*sources)
+        else:  # the input gradient reads only the input's shape
+            input = grad_output.new_empty(ctx.input_shape)
+        grad_input, grad_weight, grad_bias = torch.ops.aten.convolution_backward(
+            grad_output, input, weight, [weight.shape[0]] if ctx.has_bias else None, stride,
+            padding, dilation, False, [0] * len(stride), groups, wanted)
+        return (grad_input, grad_weight, grad_bias) + (None,) * (5 + len(sources))
+
+
+def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
+                                  bias: Optional[torch.Tensor], stride, padding, dilation,
+                                  groups: int) -> Optional[torch.Tensor]:
+    """A zero-padded convolution that needs no cache of ``input``, or None where the input is no
+    producer's untouched output and the layer caches it."""
+    if torch.compiler.is_compiling():
+        return None
+    recipe = recipe_of(input)
+    if recipe is None:
+        return None
+    recompute, sources = recipe
+    return RecomputedInputConvolution.apply(input, weight, bias, list(stride), list(padding),
+                                            list(dilation), groups, recompute, *sources)

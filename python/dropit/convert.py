@@ -66,7 +66,8 @@ _REPLACEMENTS = {nn.Linear: dnn.Linear,
                  nn.MultiheadAttention: dnn.MultiheadAttention}
 _REPLACED_BASES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention)
 # Producers whose output a dropit linear layer recomputes instead of caching (recompute=True).
-_PRODUCERS = {nn.LayerNorm: dnn.LayerNorm, nn.GELU: dnn.GELU, nn.SiLU: dnn.SiLU}
+_PRODUCERS = {nn.LayerNorm: dnn.LayerNorm, nn.BatchNorm2d: dnn.BatchNorm2d, nn.GELU: dnn.GELU,
+              nn.SiLU: dnn.SiLU}
 # Weight-bearing layers dropit leaves, and why.
 _LEFT = ((nn.modules.conv._ConvTransposeNd, "a transposed convolution: dropit has none"),
          (nn.Bilinear, "a bilinear layer: dropit has none"))
@@ -220,14 +221,16 @@ def _measure(model: nn.Module, example_input, converter: _Converter, skip_first:
                 layer.reuses_input = len(cached) < len(read)
 
         hooks.append(module.register_forward_pre_hook(record, with_kwargs=True))
-    was_training = model.training
+    # Each module's own mode back afterwards: a model in training may hold frozen (eval) parts.
+    modes = [(module, module.training) for module in model.modules()]
     try:
         model.eval()
         # With gradients: the autograd graph says which inputs need no cache (_reuse).
         with torch.enable_grad():
             model(*args, **kwargs)
     finally:
-        model.train(was_training)
+        for module, training in modes:
+            module.training = training
         for hook in hooks:
             hook.remove()
     if skip_first:
@@ -280,9 +283,10 @@ def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
     """Replaces, in place, every nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention
     and Hugging Face Conv1D of ``model`` (held as attributes or in Sequential, ModuleList or
     ModuleDict, at any depth) by a dropit layer that shares its parameters, and every nn.ReLU by
-    the 1-bit-mask ReLU when ``relu``, and every nn.LayerNorm, nn.GELU and nn.SiLU by a producer
-    whose output a dropit linear layer reading it recomputes in backward instead of caching (exact:
-    the producer keeps its input anyway) when ``recompute``. State dicts are unchanged.
+    the 1-bit-mask ReLU when ``relu``, and every nn.LayerNorm, nn.BatchNorm2d, nn.GELU and nn.SiLU
+    by a producer whose output a dropit linear or convolution layer reading it (directly or through
+    the 1-bit-mask ReLU) recomputes in backward instead of caching (exact: the producer keeps its
+    input anyway) when ``recompute``. State dicts are unchanged.
 
     skip_first: leave dense the layers whose input is the model's own input (the batch, which stays
         alive anyway). Decided in the forward on ``example_input`` when given (the dense layer is

@@ -20,8 +20,8 @@ from torch import nn
 from . import _convolution, _reuse, functional
 from ._policy import Policy
 
-__all__ = ["Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm", "Linear", "MultiheadAttention",
-           "ReLU", "SiLU", "TransposedLinear"]
+__all__ = ["BatchNorm2d", "Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm", "Linear",
+           "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
 
 
 class _CachingLayer:
@@ -179,6 +179,8 @@ class _Convolution(_CachingLayer):
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         if input.dim() == len(self.kernel_size) + 1:
             input = input.unsqueeze(0)
+        if self._explicit_padding()[0] is None and _reuse.recomputable(input):
+            return [(input, False)]
         return [(self._padded(input)[0], True)]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
@@ -191,6 +193,13 @@ class _Convolution(_CachingLayer):
             raise ValueError(f"dropit.nn.{type(self).__name__}: input of shape "
                              f"{list(input.shape)}; expected {dims + 2} dimensions [N, C, ...] "
                              f"or {dims + 1} (unbatched)")
+        pre_pad, padding = self._explicit_padding()
+        if pre_pad is None:
+            output = _reuse.convolution_recomputing_input(input, self.weight, self.bias,
+                                                          self.stride, padding, self.dilation,
+                                                          self.groups)
+            if output is not None:
+                return output
         input, padding = self._padded(input)
         return self._convolve(input, padding)
 
@@ -424,9 +433,10 @@ def _additive_mask(mask: Optional[torch.Tensor], dtype: torch.dtype, name: str):
 
 
 class _Producer:
-    """What LayerNorm, GELU and SiLU share: their output, read by a dropit linear layer, is
-    recomputed in that layer's backward from the input they keep for their own backward anyway,
-    so the layer caches nothing and its weight gradient is the dense one."""
+    """What LayerNorm, BatchNorm2d, GELU and SiLU share: their output, read by a dropit linear or
+    convolution layer (directly or through a dropit ReLU), is recomputed in that layer's backward
+    from the input they keep for their own backward anyway, so the layer caches nothing and its
+    weight gradient is the dense one."""
 
     @classmethod
     def from_dense(cls, dense: nn.Module):
@@ -450,6 +460,25 @@ class LayerNorm(_Producer, nn.LayerNorm):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
+class BatchNorm2d(_Producer, nn.BatchNorm2d):
+    """``torch.nn.BatchNorm2d`` whose output (or a dropit ReLU's of it) a dropit convolution or
+    linear layer recomputes instead of caching. Running statistics move as torch's do; the
+    recomputation normalises with what the forward used (the batch's statistics in training,
+    without touching the running ones; the running ones otherwise)."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        output = nn.BatchNorm2d.forward(self, input)
+        batch_statistics = self.training or not self.track_running_stats
+        return _reuse.mark_recomputable(output, functools.partial(self._recompute, batch_statistics),
+                                        input)
+
+    def _recompute(self, batch_statistics: bool, input: torch.Tensor) -> torch.Tensor:
+        if batch_statistics:
+            return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
+        return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
+                            False, 0.0, self.eps)
+
+
 class GELU(_Producer, nn.GELU):
     """``torch.nn.GELU`` whose output a dropit linear layer recomputes instead of caching."""
 
@@ -467,7 +496,8 @@ class SiLU(_Producer, nn.SiLU):
 class ReLU(nn.ReLU):
     """``torch.nn.ReLU`` that saves a 1-bit mask (where the output is positive) for backward
     instead of its output. With gradients it always returns a new tensor (``inplace`` applies
-    only without gradients, where nothing is saved)."""
+    only without gradients, where nothing is saved). Applied to a producer's untouched output
+    (BatchNorm2d's, say), its own output is recomputable too: the producer's, then this ReLU."""
 
     @classmethod
     def from_dense(cls, dense: nn.ReLU) -> "ReLU":
@@ -476,6 +506,17 @@ class ReLU(nn.ReLU):
         return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        if torch.is_grad_enabled() and input.requires_grad:
-            return functional.relu(input)
-        return F.relu(input, inplace=self.inplace)
+        if not (torch.is_grad_enabled() and input.requires_grad):
+            return F.relu(input, inplace=self.inplace)
+        output = functional.relu(input)
+        recipe = None if torch.compiler.is_compiling() else _reuse.recipe_of(input)
+        if recipe is None:
+            return output
+        recompute, sources = recipe
+        return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources)
+
+
+def _relu_of(recompute, *sources) -> torch.Tensor:
+    # In place on the recomputed producer output, which nothing else holds: one activation
+    # transient in backward, as dense holds. max(x, 0), as dropit's ReLU kernel computes it.
+    return F.relu(recompute(*sources), inplace=True)

@@ -19,7 +19,9 @@ import profile_step  # noqa: E402
 def test_profile_counts_one_call_per_converted_layer_each_way(device):
     model, x, y = profile_step.build("resnet18", batch=2, size=32, device=device.type)
     converted = copy.deepcopy(model)
-    dropit.convert(converted, gamma=0.9, example_input=x)
+    # recompute=False: every converted layer then runs dropit's operators (a layer that recomputes
+    # its input runs torch's).
+    dropit.convert(converted, gamma=0.9, example_input=x, recompute=False)
     # The reference: how often forward calls each converted module (ResNet's blocks call their
     # one ReLU module twice), counted by forward hooks on a forward of its own.
     layers = {"conv2d": dropit.nn.Conv2d, "linear": dropit.nn.Linear, "relu": dropit.nn.ReLU}

@@ -1,6 +1,7 @@
-"""A linear layer reading a converted producer's output (LayerNorm, GELU, SiLU) caches nothing and
-recomputes that output in backward from the input the producer keeps anyway: its weight gradient
-is the dense one, whatever gamma is, and only the producers' inputs stay held."""
+"""A linear or convolution layer reading a converted producer's output (LayerNorm, GELU, SiLU,
+BatchNorm2d, through a dropit ReLU or not) caches nothing and recomputes that output in backward
+from the input the producer keeps anyway: its weight gradient is the dense one, whatever gamma is,
+and only the producers' inputs stay held."""
 
 import copy
 
@@ -127,3 +128,57 @@ def test_recompute_false_and_inplace_producers_stay_torchs():
     assert isinstance(model[3], dropit.nn.GELU)
     assert model.state_dict().keys() == {"0.weight", "0.bias", "1.weight", "1.bias"}
     assert {layer.kind for layer in report.converted} >= {"LayerNorm", "GELU"}
+
+
+def conv_stack():
+    """conv -> BatchNorm -> ReLU -> conv -> BatchNorm -> ReLU -> 1x1 conv, as in a ResNet."""
+    torch.manual_seed(1)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                         nn.ReLU(), nn.Conv2d(16, 8, 1))
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_convolutions_after_batch_norm_and_relu_recompute_their_inputs(memory_format):
+    dense = conv_stack()
+    model = copy.deepcopy(dense)
+    x = torch.randn(8, 3, 24, 24).contiguous(memory_format=memory_format)
+    report = dropit.convert(model, gamma=0.9, example_input=x)
+    caches = {layer.name: (layer.reuses_input, layer.cache_bytes) for layer in report.converted
+              if layer.cache_bytes is not None}
+    assert caches == {"3": (True, 0), "6": (True, 0)}  # "0" reads the model's input: dense
+    assert isinstance(model[1], dropit.nn.BatchNorm2d) and isinstance(model[2], dropit.nn.ReLU)
+    for _ in range(2):  # the first step also allocates the gradients
+        dense_held, held = held_after_forward(dense, x), held_after_forward(model, x)
+    # Held: both BatchNorms' inputs (and per-channel statistics), the ReLUs' 1-bit masks; dense
+    # also holds both ReLU outputs.
+    activation = 4 * 8 * 16 * 24 * 24
+    assert 2 * activation <= held <= 2 * activation + 2 * activation // 32 + 4096
+    assert dense_held >= 4 * activation
+    actual, expected = gradients(model, x), gradients(dense, x)
+    for name in expected:  # torch's kernels on the same tensors: bitwise
+        assert torch.equal(actual[name], expected[name]), name
+    for (name, a), b in zip(model.named_buffers(), dense.buffers()):
+        assert torch.equal(a, b), name  # running statistics move as torch's do
+
+
+def test_a_convolution_after_a_frozen_batch_norm_recomputes_with_its_running_statistics():
+    dense = conv_stack()
+    for _ in range(3):  # running statistics away from their initial values
+        dense(torch.randn(8, 3, 12, 12))
+    dense[1].eval()
+    dense[4].eval()
+    model = copy.deepcopy(dense)
+    x = torch.randn(4, 3, 12, 12)
+    dropit.convert(model, gamma=0.9, example_input=x)  # the first convolution stays dense
+    assert not model[1].training and not model[4].training and model[3].training
+    actual, expected = gradients(model, x), gradients(dense, x)
+    for name in expected:
+        assert torch.equal(actual[name], expected[name]), name
+
+
+def test_a_convolution_caches_without_the_1_bit_relu_in_between():
+    model = conv_stack()
+    report = dropit.convert(model, gamma=0.9, relu=False, example_input=torch.randn(2, 3, 8, 8))
+    assert all(not layer.reuses_input for layer in report.converted)
+    assert type(model[2]) is nn.ReLU

@@ -296,6 +296,152 @@ class plan_bench {
   int rounds_;
 };
 
+inline std::size_t index_of(block_tool tool) { return static_cast<std::size_t>(tool); }
+
+/// The planner's measurements and search (plan_memory's steps), filling a MemoryPlan.
+class planner {
+ public:
+  planner(plan_bench& bench, const std::vector<plan_block>& blocks, MemoryPlan& plan)
+      : bench_(bench), blocks_(blocks), plan_(plan) {
+    plan_.blocks.resize(blocks_.size());
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      plan_.blocks[b].name = blocks_[b].qualified;
+      plan_.blocks[b].available[index_of(block_tool::convert)] = !blocks_[b].replacements.empty();
+    }
+  }
+
+  /// The dense model's bytes and step time; each tool's bytes with its block alone changed
+  /// (measured) and the time it adds. Differences of whole steps are too noisy for a single
+  /// block's share (a few percent of a step), so: a checkpoint costs its block's forward once
+  /// more, timed block by block; converting costs what converting every block costs, timed
+  /// against dense steps, shared among the blocks in proportion to their forward time.
+  void measure_tools() {
+    const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
+    bench_.held(dense);  // a first step: allocations, kernels' first-call set-up
+    plan_.dense_held = bench_.held(dense);
+    const std::vector<double> forward_seconds = bench_.forward_seconds();
+    std::vector<block_tool> convert_all = dense;
+    double convertible_forward = 0.0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b)
+      if (available(b, block_tool::convert)) {
+        convert_all[b] = block_tool::convert;
+        convertible_forward += forward_seconds[b];
+      }
+    const auto [dense_seconds, convert_ratio] = bench_.time(convert_all);
+    plan_.dense_seconds = dense_seconds;
+    const double convert_seconds = std::max(0.0, convert_ratio - 1.0) * dense_seconds;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      BlockPlan& block = plan_.blocks[b];
+      block.added_seconds[index_of(block_tool::checkpoint)] = forward_seconds[b];
+      if (available(b, block_tool::convert) && convertible_forward > 0.0)
+        block.added_seconds[index_of(block_tool::convert)] =
+            convert_seconds * forward_seconds[b] / convertible_forward;
+      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
+        if (!available(b, tool)) continue;
+        std::vector<block_tool> alone = dense;
+        alone[b] = tool;
+        block.freed_bytes[index_of(tool)] = plan_.dense_held - bench_.held(alone);
+      }
+    }
+  }
+
+  /// The tools, greedily: the change that frees the most bytes per second added, until the
+  /// budget holds. The bytes a change frees are measured in the configuration at hand
+  /// (converting a block frees little alone: its first layer caches what the kept block before it
+  /// holds anyway), the time it adds is the sum of its blocks' alone. Besides each block's own
+  /// change, one change converts every block still kept, as convert would. Then what the budget
+  /// no longer needs is stepped back.
+  std::vector<block_tool> search() {
+    target_ = plan_.budget * static_cast<double>(plan_.dense_held);
+    std::vector<block_tool> tools(blocks_.size(), block_tool::keep);
+    std::int64_t held = plan_.dense_held;
+    while (static_cast<double>(held) > target_) {
+      double best_score = 0.0;
+      std::int64_t best_held = held;
+      std::vector<block_tool> best;
+      for (const auto& change : changes_from(tools)) {
+        const std::int64_t change_held = bench_.held(change);
+        const double score = static_cast<double>(held - change_held) / added_cost(tools, change);
+        if (change_held < held && score > best_score) {
+          best_score = score;
+          best_held = change_held;
+          best = change;
+        }
+      }
+      if (best.empty()) break;  // nothing left that frees more
+      tools = std::move(best);
+      held = best_held;
+    }
+    plan_.met = static_cast<double>(held) <= target_;
+    if (plan_.met) step_back(tools);
+    for (std::size_t b = 0; b < blocks_.size(); ++b) plan_.blocks[b].tool = tools[b];
+    return tools;
+  }
+
+ private:
+  bool available(std::size_t b, block_tool tool) const {
+    return plan_.blocks[b].available[index_of(tool)];
+  }
+  double seconds(std::size_t b, block_tool tool) const {
+    return plan_.blocks[b].added_seconds[index_of(tool)];
+  }
+
+  /// Seconds going from `from` to `to` adds, at least a floor below the timer's noise.
+  double added_cost(const std::vector<block_tool>& from, const std::vector<block_tool>& to) const {
+    double cost = 0.0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b)
+      cost += seconds(b, to[b]) - seconds(b, from[b]);
+    return std::max(cost, 1e-3 * plan_.dense_seconds);
+  }
+
+  /// Each block's other tools, and every kept block converted at once.
+  std::vector<std::vector<block_tool>> changes_from(const std::vector<block_tool>& tools) const {
+    std::vector<std::vector<block_tool>> changes;
+    std::vector<block_tool> convert_kept = tools;
+    std::size_t newly_converted = 0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
+        if (tool == tools[b] || !available(b, tool)) continue;
+        changes.push_back(tools);
+        changes.back()[b] = tool;
+      }
+      if (tools[b] == block_tool::keep && available(b, block_tool::convert)) {
+        convert_kept[b] = block_tool::convert;
+        ++newly_converted;
+      }
+    }
+    if (newly_converted > 1) changes.push_back(convert_kept);
+    return changes;
+  }
+
+  /// The most expensive choices first, each stepped down to a tool before it (keep, convert,
+  /// checkpoint) that costs less, while the whole model still meets the budget.
+  void step_back(std::vector<block_tool>& tools) {
+    std::vector<std::size_t> order(blocks_.size());
+    for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return seconds(a, tools[a]) > seconds(b, tools[b]);
+    });
+    for (const std::size_t b : order)
+      for (const block_tool cheaper : {block_tool::keep, block_tool::convert}) {
+        if (cheaper >= tools[b] || !available(b, cheaper) ||
+            seconds(b, cheaper) >= seconds(b, tools[b]))
+          continue;
+        std::vector<block_tool> trial = tools;
+        trial[b] = cheaper;
+        if (static_cast<double>(bench_.held(trial)) <= target_) {
+          tools = std::move(trial);
+          break;
+        }
+      }
+  }
+
+  plan_bench& bench_;
+  const std::vector<plan_block>& blocks_;
+  MemoryPlan& plan_;
+  double target_ = 0.0;
+};
+
 }  // namespace detail
 
 /// Wraps every child of `blocks` in a Checkpoint: per-block checkpointing, which holds each
@@ -311,10 +457,11 @@ inline void checkpoint_each(::torch::nn::SequentialImpl& blocks) {
 /// Plans and applies, in place, one tool per block so that `root` holds no more than
 /// `options.budget()` of its dense activation bytes after forward, at the least measured step
 /// time. `loss` runs one forward of the model on a representative batch and returns the scalar
-/// loss; the planner calls it (and backward) a few dozen times. The blocks' buffers (BatchNorm's
-/// running statistics) are restored afterwards and the parameters' gradients cleared; random
-/// generators advance. Call it on a model in training mode, before building its optimizer or
-/// after (parameters are not replaced: converted layers and checkpoints share them).
+/// loss; the planner calls it (and backward) up to a few hundred times. The blocks' buffers
+/// (BatchNorm's running statistics) are restored afterwards and the parameters' gradients
+/// cleared; random generators advance. Should the loss throw, the model is left as it came. Call it
+/// on a model in training mode, before building its optimizer or after (parameters are not
+/// replaced: converted layers and checkpoints share them).
 inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at::Tensor()>& loss,
                               const PlanOptions& options = {}) {
   const double budget = options.budget();
@@ -344,6 +491,12 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
     }
   }
   dropit::detail::expect(!blocks.empty(), "plan_memory: the containers hold no blocks");
+  for (const auto& inner : blocks)
+    for (const auto& outer : blocks)
+      dropit::detail::expect(
+          &inner == &outer || !detail::is_within(inner.qualified, outer.qualified),
+          "plan_memory: block '", inner.qualified, "' lies inside block '", outer.qualified,
+          "'; name containers whose blocks do not nest");
 
   // Convert the whole model once, so that skip_first and exclude count as convert counts, and
   // remember each replacement with its block; the dense modules go back until the plan says.
@@ -361,129 +514,25 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
 
   MemoryPlan plan;
   plan.budget = budget;
-  plan.blocks.resize(blocks.size());
   detail::plan_bench bench(root, blocks, loss, parameters.front().device(),
                            options.timing_rounds());
-  std::vector<block_tool> tools(blocks.size(), block_tool::keep);
-  bench.held(tools);  // a first step: allocations, kernels' first-call set-up
-  plan.dense_held = bench.held(tools);
-
-  // What each tool costs in time. Differences of whole steps are too noisy for a single block's
-  // share (a few percent of a step), so: a checkpoint costs its block's forward once more, timed
-  // block by block; converting costs what converting every block costs, timed against dense
-  // steps, shared among the blocks in proportion to their forward time.
-  std::vector<block_tool> convert_all(blocks.size(), block_tool::keep);
-  for (std::size_t b = 0; b < blocks.size(); ++b)
-    if (!blocks[b].replacements.empty()) convert_all[b] = block_tool::convert;
-  const std::vector<double> forward_seconds = bench.forward_seconds();
-  const auto [dense_seconds, convert_ratio] = bench.time(convert_all);
-  plan.dense_seconds = dense_seconds;
-  double convertible_forward = 0.0;
-  for (std::size_t b = 0; b < blocks.size(); ++b)
-    if (convert_all[b] == block_tool::convert) convertible_forward += forward_seconds[b];
-  const double convert_seconds = std::max(0.0, convert_ratio - 1.0) * dense_seconds;
-
-  // Each tool's bytes with its block alone changed (measured), and its time (as above).
-  for (std::size_t b = 0; b < blocks.size(); ++b) {
-    BlockPlan& block = plan.blocks[b];
-    block.name = blocks[b].qualified;
-    block.available[static_cast<std::size_t>(block_tool::convert)] =
-        convert_all[b] == block_tool::convert;
-    block.added_seconds[static_cast<std::size_t>(block_tool::checkpoint)] = forward_seconds[b];
-    if (convert_all[b] == block_tool::convert && convertible_forward > 0.0)
-      block.added_seconds[static_cast<std::size_t>(block_tool::convert)] =
-          convert_seconds * forward_seconds[b] / convertible_forward;
-    for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
-      const auto t = static_cast<std::size_t>(tool);
-      if (!block.available[t]) continue;
-      std::vector<block_tool> alone(blocks.size(), block_tool::keep);
-      alone[b] = tool;
-      block.freed_bytes[t] = plan.dense_held - bench.held(alone);
-    }
-  }
-
-  // Greedy: the change that frees the most bytes per second added, until the budget holds. The
-  // bytes a change frees are measured in the configuration at hand (converting a block frees
-  // little alone: its first layer caches what the kept block before it holds anyway), the time it
-  // adds is the sum of its blocks' alone. Besides each block's own change, one change converts
-  // every block still kept, as convert would.
-  const double target = budget * static_cast<double>(plan.dense_held);
-  const double least_cost = 1e-3 * plan.dense_seconds;  // below the timer's noise
-  const auto added_cost = [&](const std::vector<block_tool>& from,
-                              const std::vector<block_tool>& to) {
-    double cost = 0.0;
-    for (std::size_t b = 0; b < blocks.size(); ++b)
-      cost += plan.blocks[b].added_seconds[static_cast<std::size_t>(to[b])] -
-              plan.blocks[b].added_seconds[static_cast<std::size_t>(from[b])];
-    return std::max(cost, least_cost);
+  detail::planner planner(bench, blocks, plan);
+  const auto restore_buffers = [&] {
+    for (auto& [buffer, saved] : buffers) buffer.variable_data().copy_(saved);
+    root.zero_grad(/*set_to_none=*/true);
   };
-  std::int64_t held = plan.dense_held;
-  while (static_cast<double>(held) > target) {
-    std::vector<std::vector<block_tool>> changes;
-    std::vector<block_tool> convert_kept = tools;
-    for (std::size_t b = 0; b < blocks.size(); ++b) {
-      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
-        if (tool == tools[b] || !plan.blocks[b].available[static_cast<std::size_t>(tool)]) continue;
-        changes.push_back(tools);
-        changes.back()[b] = tool;
-      }
-      if (tools[b] == block_tool::keep && plan.blocks[b].available[1])
-        convert_kept[b] = block_tool::convert;
-    }
-    if (std::count(convert_kept.begin(), convert_kept.end(), block_tool::convert) >
-        std::count(tools.begin(), tools.end(), block_tool::convert) + 1)
-      changes.push_back(convert_kept);
-    double best_score = 0.0;
-    std::int64_t best_held = held;
-    std::vector<block_tool> best;
-    for (const auto& change : changes) {
-      const std::int64_t change_held = bench.held(change);
-      const double score = static_cast<double>(held - change_held) / added_cost(tools, change);
-      if (change_held < held && score > best_score) {
-        best_score = score;
-        best_held = change_held;
-        best = change;
-      }
-    }
-    if (best.empty()) break;  // nothing left that frees more
-    tools = std::move(best);
-    held = best_held;
+  std::vector<block_tool> tools;
+  try {
+    planner.measure_tools();
+    tools = planner.search();
+    plan.planned_held = bench.held(tools);
+    plan.planned_seconds = bench.time(tools).second * plan.dense_seconds;
+    bench.apply(tools);
+  } catch (...) {  // a loss that fails: the model as it came
+    bench.apply(std::vector<block_tool>(blocks.size(), block_tool::keep));
+    restore_buffers();
+    throw;
   }
-  plan.met = static_cast<double>(held) <= target;
-
-  // Undo what the budget no longer needs: the most expensive choices first, each stepped down to
-  // a tool before it (keep, convert, checkpoint) that costs less while the whole model still
-  // meets the budget.
-  if (plan.met) {
-    std::vector<std::size_t> order(blocks.size());
-    for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
-    const auto cost_of = [&](std::size_t b) {
-      return plan.blocks[b].added_seconds[static_cast<std::size_t>(tools[b])];
-    };
-    std::sort(order.begin(), order.end(),
-              [&](std::size_t a, std::size_t b) { return cost_of(a) > cost_of(b); });
-    for (const std::size_t b : order) {
-      for (const block_tool cheaper : {block_tool::keep, block_tool::convert}) {
-        const auto t = static_cast<std::size_t>(cheaper);
-        if (cheaper >= tools[b] || !plan.blocks[b].available[t] ||
-            plan.blocks[b].added_seconds[t] >= cost_of(b))
-          continue;
-        std::vector<block_tool> trial = tools;
-        trial[b] = cheaper;
-        const std::int64_t trial_held = bench.held(trial);
-        if (static_cast<double>(trial_held) <= target) {
-          tools = std::move(trial);
-          held = trial_held;
-          break;
-        }
-      }
-    }
-  }
-
-  plan.planned_held = bench.held(tools);
-  plan.planned_seconds = bench.time(tools).second * plan.dense_seconds;
-  bench.apply(tools);
-  for (std::size_t b = 0; b < blocks.size(); ++b) plan.blocks[b].tool = tools[b];
 
   // What the converted blocks hold, as convert reports it.
   const ConvertReport full = converter.report();
@@ -500,11 +549,7 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
   for (const auto& skipped : full.skipped)
     if (converted_block(skipped.first)) plan.converted.skipped.push_back(skipped);
 
-  {
-    const at::NoGradGuard no_grad;
-    for (auto& [buffer, saved] : buffers) buffer.copy_(saved);
-  }
-  root.zero_grad(/*set_to_none=*/true);
+  restore_buffers();
   return plan;
 }
 

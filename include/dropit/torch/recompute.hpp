@@ -44,8 +44,9 @@ struct producer_recipe {
   /// bias, and running mean and variance unless batch_statistics); gelu and silu (input).
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output = compute_producer(sources);
-    // dropit's ReLU kernel, as the forward ran it (its mask is not needed here).
-    return relu ? std::get<0>(relu_with_mask(output)) : output;
+    // In place on the fresh producer output: one activation transient in backward, as dense
+    // holds. max(x, 0), as dropit's ReLU kernel computed it in forward.
+    return relu ? output.relu_() : output;
   }
 
   /// BatchNorm's forward: torch's kernel (the one torch::nn::BatchNorm2d reaches on the CPU). The
