@@ -42,6 +42,20 @@ inline saved_cache load_cache(::torch::autograd::AutogradContext* ctx,
   return cache;
 }
 
+/// A conv2d's parameters as autograd's saved data (which holds IValues only), and back.
+inline void save_conv2d_params(::torch::autograd::AutogradContext* ctx,
+                               const conv2d_params& params) {
+  ctx->saved_data["stride"] = torch_pair(params.stride);
+  ctx->saved_data["padding"] = torch_pair(params.padding);
+  ctx->saved_data["dilation"] = torch_pair(params.dilation);
+  ctx->saved_data["groups"] = params.groups;
+}
+inline conv2d_params load_conv2d_params(::torch::autograd::AutogradContext* ctx) {
+  return conv2d_params_of(
+      ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
+      ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
+}
+
 }  // namespace detail
 
 /// `tensors` as a layer under autocast computes: floating-point ones in the autocast dtype of
@@ -149,10 +163,7 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
                            " channels; the weight expects ", weight_channels);
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = input_sizes;
-    ctx->saved_data["stride"] = torch_pair(params.stride);
-    ctx->saved_data["padding"] = torch_pair(params.padding);
-    ctx->saved_data["dilation"] = torch_pair(params.dilation);
-    ctx->saved_data["groups"] = params.groups;
+    detail::save_conv2d_params(ctx, params);
     const typename CacheOps::cache_type cache =
         weight.requires_grad() ? CacheOps::compress(input, spec) : typename CacheOps::cache_type{};
     CacheOps::save(ctx, weight, weight.requires_grad() ? &cache : nullptr);
@@ -167,9 +178,7 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
     const at::Tensor& weight = saved[0];
     const at::Tensor dz = grads[0].contiguous();
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
-    const conv2d_params params = conv2d_params_of(
-        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
-        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
+    const conv2d_params params = detail::load_conv2d_params(ctx);
     const std::vector<std::int64_t> weight_size = compat::static_sizes(weight);
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     at::Tensor d_input, d_weight, d_bias;

@@ -22,7 +22,7 @@
 
 #include "../config.hpp"
 #include "compat.hpp"
-#include "tensor.hpp"
+#include "functions.hpp"
 
 namespace dropit::torch {
 namespace detail {
@@ -242,10 +242,7 @@ struct RecomputedInputConv2dFunction
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
     ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = compat::static_sizes(input);
-    ctx->saved_data["stride"] = torch_pair(params.stride);
-    ctx->saved_data["padding"] = torch_pair(params.padding);
-    ctx->saved_data["dilation"] = torch_pair(params.dilation);
-    ctx->saved_data["groups"] = params.groups;
+    detail::save_conv2d_params(ctx, params);
     detail::save_weight_and_recipe(ctx, weight, recomputable);
     return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
                       torch_pair(params.dilation), params.groups);
@@ -255,9 +252,7 @@ struct RecomputedInputConv2dFunction
                                                    ::torch::autograd::variable_list grads) {
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& weight = saved[0];
-    const conv2d_params params = conv2d_params_of(
-        ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
-        ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
+    const conv2d_params params = detail::load_conv2d_params(ctx);
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     at::Tensor d_input, d_weight, d_bias;
     if (want_weight) {
