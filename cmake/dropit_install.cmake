@@ -4,7 +4,7 @@
 #   <prefix>/include/dropit/...                                  the headers
 #   <prefix>/share/cmake/dropit/dropitConfig.cmake               package config
 #   <prefix>/share/cmake/dropit/dropitConfigVersion.cmake        version file (SameMinorVersion)
-#   <prefix>/share/cmake/dropit/dropitTargets.cmake              dropit::dropit
+#   <prefix>/share/cmake/dropit/dropitTargets.cmake              dropit::dropit, dropit::cpu_instances
 #   <prefix>/share/cmake/dropit/dropit-<component>.cmake         a later component (cuda, torch)
 #   <prefix>/share/cmake/dropit/dropit-<component>-targets.cmake its exported targets
 #
@@ -50,7 +50,7 @@ if(NOT DROPIT_INSTALL)
 endif()
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/ DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(TARGETS dropit EXPORT dropitTargets)
+install(TARGETS dropit dropit_cpu_instances EXPORT dropitTargets)
 install(EXPORT dropitTargets NAMESPACE dropit:: DESTINATION ${DROPIT_INSTALL_CMAKEDIR})
 
 # DROPIT_OPENMP_LINKED (set by the top-level CMakeLists.txt) tells the installed config whether

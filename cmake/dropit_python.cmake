@@ -55,7 +55,8 @@ function(_dropit_add_python_build python torch_version)
        ${PROJECT_SOURCE_DIR}/python/dropit/*.py ${PROJECT_SOURCE_DIR}/python/src/*.cpp
        ${PROJECT_SOURCE_DIR}/python/src/*.cu ${PROJECT_SOURCE_DIR}/python/src/*.hpp
        ${PROJECT_SOURCE_DIR}/include/dropit/*.hpp
-       ${PROJECT_SOURCE_DIR}/include/dropit/*.cuh ${PROJECT_SOURCE_DIR}/include/dropit/*.cu)
+       ${PROJECT_SOURCE_DIR}/include/dropit/*.cuh ${PROJECT_SOURCE_DIR}/include/dropit/*.cu
+       ${PROJECT_SOURCE_DIR}/include/dropit/*.cpp)
   # setup.py keeps its objects under <base>/build, so a rebuild recompiles only on change. torch
   # compiles with ninja, which must not see make's jobserver flags (it cannot use them).
   add_custom_command(

@@ -57,13 +57,15 @@ def build_with_cuda():
 # C++20 for the library; OpenMP for its CPU backend (results do not depend on it); hidden
 # visibility, as pybind11 expects of the types it binds; no debug information (Python's own flags
 # ask for it, and it doubles the time to compile against torch's headers).
-cxx_flags = ["-std=c++20", "-O3", "-g0", "-fopenmp", "-fvisibility=hidden"]
+# DROPIT_CPU_INSTANCES: the CPU operations are compiled once, in src/cpu_instances.cpp.
+cxx_flags = ["-std=c++20", "-O3", "-g0", "-fopenmp", "-fvisibility=hidden", "-DDROPIT_CPU_INSTANCES"]
+cxx_sources = ["src/dropit_ext.cpp", "src/operators.cpp", "src/cpu_instances.cpp"]
 common = dict(name="dropit._C", include_dirs=[include_dir], extra_link_args=["-fopenmp"])
 if build_with_cuda():
     # Architectures: TORCH_CUDA_ARCH_LIST when set, else Ampere and Hopper.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     extension = CUDAExtension(
-        sources=["src/dropit_ext.cpp", "src/operators.cpp", "src/cuda_instances.cu"],
+        sources=cxx_sources + ["src/cuda_instances.cu"],
         define_macros=[("DROPIT_TORCH_CUDA", "1")],
         # The CUDA backend's linear weight gradient calls cuBLAS (the one torch loads at run time).
         libraries=["cublas"],
@@ -78,7 +80,7 @@ if build_with_cuda():
         **common,
     )
 else:
-    extension = CppExtension(sources=["src/dropit_ext.cpp", "src/operators.cpp"], extra_compile_args=cxx_flags, **common)
+    extension = CppExtension(sources=cxx_sources, extra_compile_args=cxx_flags, **common)
 
 setup(
     name="dropit",

@@ -94,4 +94,28 @@ struct backend_ops<cpu_backend> {
   }
 };
 
+// The CPU operations for every storage type, as explicit instantiations: declared (extern) in a
+// program that defines DROPIT_CPU_INSTANCES in every translation unit, defined once in
+// dropit/cpu_instances.cpp. Such a program compiles the CPU loops (each instruction set, each
+// selection) once instead of in every translation unit that reaches them.
+#define DROPIT_CPU_OPERATIONS(kind, T)                                                           \
+  kind void cpu::compress<T>(const cpu_backend&, const T*, const cache_view<T>&, workspace);     \
+  kind void cpu::densify<T>(const cpu_backend&, const cache_view<const T>&, T*, workspace);      \
+  kind void cpu::linear_weight_grad<T>(const cpu_backend&, const cache_view<const T>&, const T*, \
+                                       T*, const linear_dims&, grad_mode,                        \
+                                       const cpu::linear_scratch&);                              \
+  kind void cpu::conv2d_weight_grad<T>(const cpu_backend&, const cache_view<const T>&, const T*, \
+                                       T*, const conv2d_geometry&, grad_mode,                    \
+                                       const cpu::conv2d_scratch&);                              \
+  kind void cpu::pack_relu_mask<T>(const cpu_backend&, const T*, T*, std::int64_t,               \
+                                   std::uint32_t*);                                              \
+  kind void cpu::apply_relu_mask<T>(const cpu_backend&, const std::uint32_t*, const T*, T*,      \
+                                    std::int64_t);
+
+#if defined(DROPIT_CPU_INSTANCES)
+DROPIT_CPU_OPERATIONS(extern template, float)
+DROPIT_CPU_OPERATIONS(extern template, half)
+DROPIT_CPU_OPERATIONS(extern template, bfloat16)
+#endif
+
 }  // namespace dropit::detail
