@@ -26,6 +26,15 @@ _DEVICES = ("cpu", "cuda") if _C.built_with_cuda else ("cpu",)
 _ops = torch.ops.dropit
 # The operators' only overloads, called directly: a call skips overload resolution.
 _linear, _conv2d, _relu = _ops.linear.default, _ops.conv2d.default, _ops.relu.default
+# The same operators reached from C++ (python/src/layer_calls.hpp) with the policy converted once
+# per layer: no argument parsing or boxing per call. Eager calls on plain tensors take them;
+# torch.compile traces, and tensors that override __torch_function__ see, the operators above.
+_DIRECT = {_linear: _C.linear, _conv2d: _C.conv2d}
+
+
+def _direct(tensors) -> bool:
+    """Whether a layer's call on ``tensors`` may take the direct entry of its operator."""
+    return not (torch.compiler.is_compiling() or torch.overrides.has_torch_function(tensors))
 
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
@@ -91,7 +100,7 @@ def relu(input: torch.Tensor) -> torch.Tensor:
         return F.relu(input)
     if input.dtype not in SUPPORTED_DTYPES or input.device.type not in _DEVICES:
         return F.relu(input)
-    return _relu(input)
+    return _C.relu(input) if _direct((input,)) else _relu(input)
 
 
 class Cache:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import _convolution, _reuse, functional
+from . import _C, _convolution, _reuse, functional
 from ._policy import Policy
 
 __all__ = ["BatchNorm2d", "Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm", "Linear",
@@ -33,6 +33,7 @@ class _CachingLayer:
     def _init_dropit(self, dropit_policy: Optional[Policy], fields: dict):
         self.dropit_policy = functional._policy_of(dropit_policy, fields)
         self._dropit_arguments = self.dropit_policy.arguments(self._channel_axis, 0)
+        self._policy_arguments = _C.PolicyArguments(*self._dropit_arguments)
 
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         """(tensor, cached) for each tensor the layer reads for its weight gradient in a call on
@@ -62,9 +63,14 @@ class _CachingLayer:
         draws its mask, so torch.compile traces the draw (one graph for every step) and
         torch.utils.checkpoint, which restores the generator, recomputes the positions first
         drawn. The other policies do not depend on the call."""
-        if self.dropit_policy.policy != "random":
+        key = None
+        if self.dropit_policy.policy == "random":
+            key = torch.randint(2**62, (), dtype=torch.int64, device="cpu")
+        direct = functional._DIRECT.get(operator)
+        if direct is not None and functional._direct(arguments):
+            return direct(*arguments, self._policy_arguments, key)
+        if key is None:
             return operator(*arguments, *self._dropit_arguments)
-        key = torch.randint(2**62, (), dtype=torch.int64, device="cpu")
         return operator(*arguments, *self._dropit_arguments, key)
 
     @classmethod

@@ -7,6 +7,7 @@
 
 #include <dropit/torch.hpp>
 
+#include "layer_calls.hpp"
 #include "policy_arguments.hpp"
 
 #include <cstdint>
@@ -76,7 +77,41 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
            }),
            py::arg("selection"), py::arg("granularity"), py::arg("channel_axis"), py::arg("gamma"),
            py::arg("chunk_size"), py::arg("seed"), py::arg("call"), py::arg("rescale"),
-           "The policy arguments of dropit's operators, validated.");
+           "The policy arguments of dropit's operators, validated.")
+      // Picklable, so that a layer holding one copies and pickles as torch's modules do.
+      .def(py::pickle(
+          [](const operator_policy& p) {
+            return py::make_tuple(p.selection, p.granularity, p.channel_axis, p.gamma, p.chunk_size,
+                                  p.seed, p.call, p.rescale);
+          },
+          [](const py::tuple& t) {
+            operator_policy policy{t[0].cast<std::string>(),  t[1].cast<std::string>(),
+                                   t[2].cast<std::int64_t>(), t[3].cast<double>(),
+                                   t[4].cast<std::int64_t>(), t[5].cast<std::int64_t>(),
+                                   t[6].cast<std::int64_t>(), t[7].cast<bool>()};
+            policy.validate();
+            return policy;
+          }));
+
+  // The eager layers' calls of their operators (layer_calls.hpp); the GIL is released while they
+  // run, as torch's own bindings release it.
+  m.def("linear", &dropit_python::call_linear, py::arg("input"), py::arg("weight"), py::arg("bias"),
+        py::arg("policy"), py::arg("call_key") = py::none(),
+        py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.linear with `policy`.");
+  m.def(
+      "conv2d",
+      [](const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+         const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding,
+         const std::vector<std::int64_t>& dilation, std::int64_t groups,
+         const operator_policy& policy, const std::optional<at::Tensor>& call_key) {
+        return dropit_python::call_conv2d(input, weight, bias, stride, padding, dilation, groups,
+                                          policy, call_key);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("groups"), py::arg("policy"), py::arg("call_key") = py::none(),
+      py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.conv2d with `policy`.");
+  m.def("relu", &dropit_python::call_relu, py::arg("input"),
+        py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.relu.");
 
   m.def("plan", &plan, py::arg("shape"), py::arg("dtype"), py::arg("policy"),
         "The cache an input of `shape` and `dtype` (float32, float16, bfloat16) gets under "

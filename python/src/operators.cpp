@@ -22,6 +22,7 @@
 #include <tuple>
 #include <utility>
 
+#include "layer_calls.hpp"
 #include "policy_arguments.hpp"
 
 namespace dt = dropit::torch;
@@ -324,6 +325,38 @@ at::Tensor conv2d_autocast(const at::Tensor& input, const at::Tensor& weight,
 }
 
 }  // namespace
+
+namespace dropit_python {
+
+at::Tensor call_linear(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, const operator_policy& p,
+                       const std::optional<at::Tensor>& call_key) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("dropit::linear", "")
+                             .typed<decltype(linear_dense)>();
+  return op.call(input, weight, bias, p.selection, p.granularity, p.channel_axis, p.gamma,
+                 p.chunk_size, p.seed, p.call, p.rescale, call_key);
+}
+
+at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
+                       at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
+                       const operator_policy& p, const std::optional<at::Tensor>& call_key) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("dropit::conv2d", "")
+                             .typed<decltype(conv2d_dense)>();
+  return op.call(input, weight, bias, stride, padding, dilation, groups, p.selection, p.granularity,
+                 p.channel_axis, p.gamma, p.chunk_size, p.seed, p.call, p.rescale, call_key);
+}
+
+at::Tensor call_relu(const at::Tensor& input) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("dropit::relu", "")
+                             .typed<decltype(relu_dense)>();
+  return op.call(input);
+}
+
+}  // namespace dropit_python
 
 TORCH_LIBRARY(dropit, m) {
   m.def("compress(Tensor input, " DROPIT_POLICY_SCHEMA ") -> (Tensor values, Tensor positions)");
