@@ -126,3 +126,43 @@ def test_operator_errors_are_value_errors():
         ops.compress(x.double(), *POLICY.arguments(1, 0))
     with pytest.raises(ValueError, match="layout"):
         ops.densify(torch.empty(2), torch.empty(1, dtype=torch.int32), [1, 2, 3])
+
+
+class _OperatorLog(torch.overrides.TorchFunctionMode):
+    """Records the dropit operators a forward calls through torch's dispatch."""
+
+    def __init__(self):
+        super().__init__()
+        self.called = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if str(func).startswith("dropit."):
+            self.called.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("policy", [POLICY, RANDOM], ids=["chunked", "random"])
+def test_eager_layers_call_the_operators_directly_and_modes_still_see_them(policy):
+    # Eager layers reach their operators from C++ (no argument parsing per call); the results and
+    # gradients are the operators' own, and a torch function mode still sees the operator.
+    torch.manual_seed(0)
+    linear = dropit.nn.Linear(9, 5, dropit_policy=policy)
+    conv = dropit.nn.Conv2d(6, 4, 3, padding=1, dropit_policy=policy)
+    relu = dropit.nn.ReLU()
+    x = torch.randn(2, 6, 7, 9, requires_grad=True)
+
+    def step(seed):
+        torch.manual_seed(seed)  # random selection draws its key from torch's generator
+        for p in (x, *linear.parameters(), *conv.parameters()):
+            p.grad = None
+        y = linear(relu(conv(x)))
+        y.square().sum().backward()
+        return [y.detach()] + [p.grad.clone() for p in (x, *linear.parameters(),
+                                                         *conv.parameters())]
+
+    direct = step(1)
+    with _OperatorLog() as log:
+        through_operators = step(1)
+    assert log.called == ["dropit.conv2d.default", "dropit.relu.default", "dropit.linear.default"]
+    for a, b in zip(direct, through_operators):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
