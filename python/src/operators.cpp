@@ -142,6 +142,31 @@ compress_operator() {
   return handle;
 }
 
+/// The layers' operators, called by their autocast kernels and by the Python layers' direct calls.
+c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                    const std::optional<at::Tensor>&, DROPIT_POLICY_TYPES)>
+linear_operator() {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("dropit::linear", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            DROPIT_POLICY_TYPES)>();
+  return handle;
+}
+
+c10::TypedOperatorHandle<at::Tensor(
+    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&, at::IntArrayRef,
+    at::IntArrayRef, at::IntArrayRef, std::int64_t, DROPIT_POLICY_TYPES)>
+conv2d_operator() {
+  static const auto handle =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("dropit::conv2d", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, std::int64_t,
+                            DROPIT_POLICY_TYPES)>();
+  return handle;
+}
+
 /// `op.call(arguments...)`, below the autograd keys when gradients are off (a layer's forward, its
 /// backward without create_graph). The cache operators have no autograd kernel: torch's fallback
 /// for such operators would box every argument of every call only to find nothing to record. With
@@ -303,11 +328,9 @@ template <c10::DeviceType device>
 at::Tensor linear_autocast(const at::Tensor& input, const at::Tensor& weight,
                            const std::optional<at::Tensor>& bias, DROPIT_POLICY_PARAMETERS) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("dropit::linear", "")
-                             .typed<decltype(linear_dense)>();
-  return op.call(cast<device>(input), cast<device>(weight), cast<device>(bias), selection,
-                 granularity, channel_axis, gamma, chunk_size, seed, call, rescale, call_key);
+  return linear_operator().call(cast<device>(input), cast<device>(weight), cast<device>(bias),
+                                selection, granularity, channel_axis, gamma, chunk_size, seed, call,
+                                rescale, call_key);
 }
 
 template <c10::DeviceType device>
@@ -316,12 +339,9 @@ at::Tensor conv2d_autocast(const at::Tensor& input, const at::Tensor& weight,
                            at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
                            DROPIT_POLICY_PARAMETERS) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("dropit::conv2d", "")
-                             .typed<decltype(conv2d_dense)>();
-  return op.call(cast<device>(input), cast<device>(weight), cast<device>(bias), stride, padding,
-                 dilation, groups, selection, granularity, channel_axis, gamma, chunk_size, seed,
-                 call, rescale, call_key);
+  return conv2d_operator().call(cast<device>(input), cast<device>(weight), cast<device>(bias),
+                                stride, padding, dilation, groups, selection, granularity,
+                                channel_axis, gamma, chunk_size, seed, call, rescale, call_key);
 }
 
 }  // namespace
@@ -331,22 +351,17 @@ namespace dropit_python {
 at::Tensor call_linear(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, const operator_policy& p,
                        const std::optional<at::Tensor>& call_key) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("dropit::linear", "")
-                             .typed<decltype(linear_dense)>();
-  return op.call(input, weight, bias, p.selection, p.granularity, p.channel_axis, p.gamma,
-                 p.chunk_size, p.seed, p.call, p.rescale, call_key);
+  return linear_operator().call(input, weight, bias, p.selection, p.granularity, p.channel_axis,
+                                p.gamma, p.chunk_size, p.seed, p.call, p.rescale, call_key);
 }
 
 at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
                        const std::optional<at::Tensor>& bias, at::IntArrayRef stride,
                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
                        const operator_policy& p, const std::optional<at::Tensor>& call_key) {
-  static const auto op = c10::Dispatcher::singleton()
-                             .findSchemaOrThrow("dropit::conv2d", "")
-                             .typed<decltype(conv2d_dense)>();
-  return op.call(input, weight, bias, stride, padding, dilation, groups, p.selection, p.granularity,
-                 p.channel_axis, p.gamma, p.chunk_size, p.seed, p.call, p.rescale, call_key);
+  return conv2d_operator().call(input, weight, bias, stride, padding, dilation, groups, p.selection,
+                                p.granularity, p.channel_axis, p.gamma, p.chunk_size, p.seed,
+                                p.call, p.rescale, call_key);
 }
 
 at::Tensor call_relu(const at::Tensor& input) {
