@@ -5,10 +5,10 @@
 //
 // Which selection runs where:
 // - chunked min-k and random (element): one block per chunk (select_chunks_kernel). The chunk is
-//   read from global memory once, its keys (magnitudes or generator draws) staged in shared memory
-//   for the four radix passes and the emit, which reads only the kept values again. Chunks too
-//   long for the device's shared memory recompute their keys from global memory (L2 after the
-//   first pass) in every pass.
+//   read from global memory once into shared memory (its values, or its generator draws), where
+//   the radix passes (three of 11 bits, two for 16-bit types), the emit and the writers read it.
+//   Chunks too long for the device's shared memory recompute their keys from global memory (L2
+//   after the first pass) in every pass.
 // - min-k over the whole tensor, and channel selection: the multi-block select_global below, over
 //   magnitude keys, generator draws or channel-score keys. It reads the keys 4 times (8 for 64-bit
 //   channel-score keys) for the radix passes, once to count per span and once to emit.
@@ -152,14 +152,19 @@ bool reserve_dynamic_shared_memory(Kernel* kernel, std::size_t bytes, const char
   return bytes <= dynamic_shared_memory_limit(kernel, device, name);
 }
 
-/// One block per chunk, with the chunk's keys staged in shared memory where the device has room
-/// for them (D = 2^14 needs 64 KiB; sm_80 and sm_90 have room for D = 2^15), else re-reading it.
+/// One block per chunk, with the chunk staged in shared memory where the device has room for it
+/// (D = 2^14 needs 64 KiB in float32, 32 KiB in 16-bit types; sm_80 and sm_90 have room for
+/// 2^15 float32 or 2^16 16-bit values), else re-reading it.
 template <class Selection, class T, class Writer>
 void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const T* input,
                           const Writer& writer) {
   const unsigned grid = grid_for(layout.chunk_count(), 1);
+  // Whole 16-byte vectors, as the kernel stages them.
   const auto staged_bytes =
-      static_cast<std::size_t>(std::min(layout.chunk_size, layout.numel())) * sizeof(std::uint32_t);
+      (static_cast<std::size_t>(std::min(layout.chunk_size, layout.numel())) *
+           sizeof(staged_item<T, Selection>) +
+       15) /
+      16 * 16;
   auto* staged = select_chunks_kernel<T, Selection, true, Writer>;
   if (reserve_dynamic_shared_memory(staged, staged_bytes, "dropit select_chunks_kernel")) {
     staged<<<grid, block_threads, staged_bytes, stream>>>(layout, input, writer);
@@ -309,6 +314,12 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
   switch (layout.encoding) {
     case position_encoding::bitmask: {
       const auto* words = static_cast<const std::uint32_t*>(cache.positions);
+      if (layout.mask_words_per_chunk() <= max_chunk_mask_words) {
+        chunk_densify_kernel<T, Out><<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(
+            layout, words, cache.values, out);
+        check_launch("dropit chunk_densify_kernel");
+        return;
+      }
       const std::int64_t word_count = mask_word_count(layout);
       const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
       mask_count_kernel<><<<grid_for(blocks, 1), block_threads, 0, stream>>>(words, word_count,

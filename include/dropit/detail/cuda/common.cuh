@@ -46,6 +46,28 @@ inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block = bloc
 }
 
 // ---------------------------------------------------------------------------------------------
+// Copies into shared memory.
+
+/// Starts copying 16 bytes from global memory to shared memory `to` (both 16-byte aligned)
+/// without holding them in registers (sm_80 and later; a plain copy before).
+__device__ inline void copy_16_bytes_async(void* to, const void* from) {
+#if __CUDA_ARCH__ >= 800
+  const auto address = static_cast<unsigned>(__cvta_generic_to_shared(to));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(from) : "memory");
+#else
+  *static_cast<uint4*>(to) = *static_cast<const uint4*>(from);
+#endif
+}
+
+/// Waits for this thread's copies begun by copy_16_bytes_async (a barrier must follow before
+/// other threads read them).
+__device__ inline void wait_for_async_copies() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
 // Values.
 
 /// `x * scale` as the CPU backend computes it on x86-64 (and AArch64): a NaN operand comes back

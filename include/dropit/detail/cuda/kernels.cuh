@@ -6,9 +6,10 @@
 // of translation units may include this header: a non-template kernel would be defined in each.
 //
 // Kernel by kernel (the host code in cache_ops.cuh / weight_grad.cuh strings them together):
-// - select_chunks: one block per chunk: the chunk's keys staged in shared memory, block_select
-//   (4 radix histogram passes in shared memory) then emit_selected, writing values and bitmask /
-//   offsets, or the dense chunk of a seeded cache.
+// - select_chunks: one block per chunk: the chunk staged in shared memory (one read, 16-byte
+//   asynchronous copies), block_select (three 11-bit radix histogram passes in shared memory, two
+//   for 16-bit types) then emit_selected, writing values and bitmask / offsets, or the dense chunk
+//   of a seeded cache.
 // - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
 //   8-bit MSB radix passes; each pass builds a global 256-bin histogram (per-block shared
 //   histograms folded with one atomic per non-empty bin), then one block picks the digit holding
@@ -16,8 +17,11 @@
 // - select_count / exclusive_scan / select_emit: per span of `span_size` candidates, the count of
 //   keys above / equal to the cut; a one-block scan of those counts; then every span emits its kept
 //   candidates at their global slots (emit_selected seeded with the span's counts).
+// - chunk_densify: one block per chunk of a bitmask cache: the chunk's word popcounts scanned in
+//   shared memory, then four elements per thread and vector store.
 // - mask_count / mask_densify: popcounts per 256 mask words, scanned, then one warp per word writes
-//   its 32 dense elements (kept value or zero).
+//   its 32 dense elements (kept value or zero): chunks longer than chunk_densify takes (min-k
+//   over the whole tensor).
 // - scatter_offsets: one thread per kept value of an offsets cache (after a memset to zero).
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
@@ -34,6 +38,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/geometry.hpp"
 #include "../common/keys.hpp"
@@ -46,37 +51,66 @@ namespace dropit::detail::cuda {
 // ---------------------------------------------------------------------------------------------
 // Chunks, one per block.
 
+/// What a staged chunk keeps in shared memory: its values (selections that rank values: keys are
+/// recomputed from them in two instructions, and the writers copy kept values from there), or its
+/// generator draws (4 bytes each).
+template <class T, class Selection>
+using staged_item = std::conditional_t<selection_traits<Selection>::ranks_values, T, std::uint32_t>;
+
+/// Copies `length` values from `data` to shared memory `staged`: 16 bytes per thread and load,
+/// asynchronously (no registers held, every load of the block in flight at once) where the chunk
+/// is 16-byte aligned.
+template <class T>
+__device__ void stage_values(const T* data, std::uint32_t length, T* staged) {
+  constexpr std::uint32_t per_vector = 16 / sizeof(T);
+  const bool aligned = reinterpret_cast<std::uintptr_t>(data) % 16 == 0;
+  const std::uint32_t vectors = aligned ? length / per_vector : 0;
+  for (std::uint32_t v = threadIdx.x; v < vectors; v += block_threads)
+    copy_16_bytes_async(staged + v * per_vector, data + v * per_vector);
+  for (std::uint32_t i = vectors * per_vector + threadIdx.x; i < length; i += block_threads)
+    staged[i] = data[i];
+  wait_for_async_copies();
+}
+
 /// Keys from `Selection` (values of `input`, or draws of stream `chunk`).
 /// `Writer::at(layout, chunk)` gives the chunk's visitor.
 ///
-/// `Staged`: the chunk's keys are computed once, from one read of the chunk, into dynamic shared
-/// memory (`chunk_size` keys, launched with that many 4-byte words), and the radix passes and the
-/// emit read them there; the writers then read only the kept values again. Otherwise every radix
-/// pass and the emit recompute the keys from global memory (for chunks too long for shared memory).
+/// `Staged`: the chunk is read once, into dynamic shared memory (`chunk_size` staged items,
+/// launched with that many bytes), and the radix passes, the emit and the writers read it there.
+/// Otherwise every radix pass and the emit recompute the keys from global memory (for chunks too
+/// long for shared memory).
 template <class T, class Selection, bool Staged, class Writer>
 DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Writer writer) {
+  using traits = selection_traits<Selection>;
+  using item = staged_item<T, Selection>;
+  // Magnitudes of 16-bit types are keys with 16 zero low bits: one radix pass fewer.
+  constexpr int key_bits = traits::ranks_values ? 8 * static_cast<int>(sizeof(T)) : 32;
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
-  extern __shared__ std::uint32_t staged_keys[];
+  extern __shared__ uint4 staged_storage[];
+  item* staged = reinterpret_cast<item*>(staged_storage);
   const std::int64_t chunks = layout.chunk_count();
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
     const auto k = static_cast<std::uint32_t>(layout.kept_in_chunk(chunk));
-    const auto visit = writer.at(layout, chunk);
-    const T* data =
-        selection_traits<Selection>::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
+    auto visit = writer.at(layout, chunk);
+    const T* data = traits::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
     const selection_keys<Selection, T> key_of{data, layout.seed, static_cast<std::uint64_t>(chunk)};
     if constexpr (Staged) {
-      __syncthreads();  // the previous chunk's keys are no longer read
-      for (std::uint32_t i = threadIdx.x; i < length; i += block_threads)
-        staged_keys[i] = key_of(i);
+      __syncthreads();  // the previous chunk's items are no longer read
+      if constexpr (traits::ranks_values) {
+        stage_values(data, length, staged);
+        visit.data = staged;  // kept values are copied from shared memory
+      } else {
+        for (std::uint32_t i = threadIdx.x; i < length; i += block_threads) staged[i] = key_of(i);
+      }
       __syncthreads();
-      const stored_keys<std::uint32_t> staged{staged_keys};
-      emit_selected(staged, block_select(staged, length, k, select_storage), 0, length, 0, 0, emit,
-                    visit);
+      const staged_keys<Selection, item> keys{staged};
+      emit_selected(keys, block_select<key_bits>(keys, length, k, select_storage), 0, length, 0, 0,
+                    emit, visit);
     } else {
-      emit_selected(key_of, block_select(key_of, length, k, select_storage), 0, length, 0, 0, emit,
-                    visit);
+      emit_selected(key_of, block_select<key_bits>(key_of, length, k, select_storage), 0, length,
+                    0, 0, emit, visit);
     }
   }
 }
@@ -276,6 +310,76 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
       out[chunk * layout.chunk_size + position] = result;
     }
     __syncthreads();  // before word_bits, word_first and the scan storage are reused
+  }
+}
+
+/// Mask words of a chunk that chunk_densify_kernel holds in shared memory: 2^16 candidates (the
+/// longest chunk of the chunked selections).
+inline constexpr std::int64_t max_chunk_mask_words = std::int64_t{1} << 11;
+
+/// Four consecutive elements, stored with one vector store.
+template <class Out>
+struct alignas(4 * sizeof(Out)) four_elements {
+  Out element[4];
+};
+
+/// Writes every element of a bitmask cache whose chunks have at most max_chunk_mask_words words,
+/// in one launch: one block per chunk (the chunk's values start at values_begin, so no scan
+/// crosses chunks). The block loads the chunk's words once and scans their popcounts; then each
+/// thread writes four consecutive elements with one vector store where the chunk is aligned.
+template <class T, class Out>
+DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t* words,
+                                        const T* values, Out* out) {
+  constexpr int words_per_thread = max_chunk_mask_words / block_threads;
+  using scan_t = cub::BlockScan<std::uint32_t, block_threads>;
+  __shared__ typename scan_t::TempStorage scan;
+  __shared__ std::uint32_t word_bits[max_chunk_mask_words];
+  __shared__ std::uint32_t word_first[max_chunk_mask_words];  // set bits before the word
+  const std::int64_t chunks = layout.chunk_count();
+  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
+    const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
+    const std::uint32_t word_count = (length + 31) / 32;
+    const std::uint32_t* chunk_words = words + layout.mask_word_begin(chunk);
+    // Thread t scans words [t * words_per_thread, (t + 1) * words_per_thread).
+    std::uint32_t bits[words_per_thread];
+    std::uint32_t set = 0;
+#pragma unroll
+    for (int j = 0; j < words_per_thread; ++j) {
+      const std::uint32_t w = threadIdx.x * words_per_thread + j;
+      bits[j] = w < word_count ? chunk_words[w] : 0u;
+      set += __popc(bits[j]);
+    }
+    std::uint32_t before = 0;
+    scan_t(scan).ExclusiveSum(set, before);
+#pragma unroll
+    for (int j = 0; j < words_per_thread; ++j) {
+      const std::uint32_t w = threadIdx.x * words_per_thread + j;
+      if (w < word_count) {
+        word_bits[w] = bits[j];
+        word_first[w] = before;
+      }
+      before += __popc(bits[j]);
+    }
+    __syncthreads();
+    const T* chunk_values = values + layout.values_begin(chunk);
+    Out* chunk_out = out + layout.chunk_begin(chunk);
+    const float scale = layout.value_scale(chunk);
+    const bool aligned = reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_elements<Out>) == 0;
+    for (std::uint32_t e = threadIdx.x * 4; e < length; e += block_threads * 4) {
+      const std::uint32_t word = word_bits[e / 32], bit = e % 32;  // the 4 share the word
+      std::uint32_t slot = word_first[e / 32] + __popc(word & ((1u << bit) - 1u));
+      four_elements<Out> result{};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if ((word >> (bit + j)) & 1u)
+          result.element[j] = densified<Out>(chunk_values[slot++], layout.rescale, scale);
+      if (aligned && e + 4 <= length) {
+        *reinterpret_cast<four_elements<Out>*>(chunk_out + e) = result;
+      } else {
+        for (std::uint32_t j = 0; j < 4 && e + j < length; ++j) chunk_out[e + j] = result.element[j];
+      }
+    }
+    __syncthreads();  // before the words of the next chunk are written
   }
 }
 

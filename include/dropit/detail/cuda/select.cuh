@@ -5,10 +5,10 @@
 //
 // A selection is a cut (common/keys.hpp's `threshold`): keep every key above `key` and the first
 // `ties` keys equal to it. `block_select` finds the cut of one chunk inside one block by MSB radix
-// passes (8 bits each) over a shared-memory histogram, counted with warp-aggregated atomics;
-// `emit_selected` then walks the candidates in index order, one tile of `block_threads` at a time,
-// and a block scan of the (above, equal) flags gives every kept candidate its output slot, so
-// writers store values and positions in ascending position order with no further coordination.
+// passes (11 bits each) over a shared-memory histogram; `emit_selected` then gives each warp a
+// segment of the candidates in index order, and two warp votes per 32 candidates give every kept
+// candidate its output slot, so writers store values and positions in ascending position order
+// with no further coordination.
 
 #include <cub/block/block_scan.cuh>
 
@@ -52,61 +52,115 @@ struct stored_keys {
   __device__ Key operator()(std::uint64_t i) const { return keys[i]; }
 };
 
+/// The keys of a chunk staged in shared memory (see select_chunks_kernel): computed from its
+/// values for selections that rank values, else the generator draws themselves.
+template <class Selection, class Staged>
+struct staged_keys {
+  const Staged* items;
+  __device__ std::uint32_t operator()(std::uint64_t i) const {
+    using traits = selection_traits<Selection>;
+    if constexpr (traits::ranks_values)
+      return traits::key(items[i], 0, 0, i);
+    else
+      return items[i];
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Selection inside one block (32-bit keys, at most 2^32 - 1 candidates).
 
 /// Adds to `histogram[bin]` one for every lane of the warp holding `bin` (lanes holding
 /// `radix_bins` count nowhere), with one shared-memory atomic per distinct bin: magnitudes of one
 /// tensor share a few exponents, so the lanes of a warp mostly fall into two or three bins, which
-/// one atomic per lane would serialise. Called by all 32 lanes of the warp together.
+/// one atomic per lane would serialise. Called by all 32 lanes of the warp together. (The
+/// whole-tensor selection's 8-bit passes; a chunk's 11-bit passes use count_digit.)
 __device__ inline void count_in_warp(std::uint32_t* histogram, std::uint32_t bin) {
   const std::uint32_t peers = __match_any_sync(0xffffffffu, bin);
   if (bin < radix_bins && (threadIdx.x & 31u) == static_cast<std::uint32_t>(__ffs(peers) - 1))
     atomicAdd(&histogram[bin], static_cast<std::uint32_t>(__popc(peers)));
 }
 
+/// A chunk's cut is found by three MSB radix passes of 11, 11 and 10 bits (two for keys whose low
+/// 16 bits are zero: the 16-bit types), over a 2048-bin shared histogram.
+inline constexpr int chunk_digit_bits = 11;
+inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
+inline constexpr int chunk_bins_per_thread = chunk_bins / block_threads;
+static_assert(chunk_bins % block_threads == 0);
+
+/// Adds one to `histogram[digit]` for every lane holding a digit (`chunk_bins`: none). Lanes of a
+/// warp mostly hold distinct digits (11 bits split each exponent eight ways), so each adds its own;
+/// digit 0 — zeros, which ReLU outputs and padding are full of — is counted with one vote and one
+/// atomic per warp, since a warp of zeros would otherwise serialise 32 atomics on one address.
+/// Called by all 32 lanes of the warp together.
+__device__ inline void count_digit(std::uint32_t* histogram, std::uint32_t digit) {
+  const std::uint32_t zeros = __ballot_sync(0xffffffffu, digit == 0);
+  if (digit != 0 && digit < chunk_bins) atomicAdd(&histogram[digit], 1u);
+  if ((threadIdx.x & 31u) == 0 && zeros != 0) atomicAdd(&histogram[0], __popc(zeros));
+}
+
 struct block_select_storage {
-  std::uint32_t histogram[radix_bins];
+  std::uint32_t histogram[chunk_bins];
   typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
   std::uint32_t digit;
   std::uint32_t needed;
 };
 
-/// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`. Called by every thread of the
-/// block; reads the keys four times (once per radix digit) unless everything is kept.
-template <class KeyOf>
+/// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`, whose low `32 - KeyBits` bits
+/// are zero. Called by every thread of the block; reads the keys once per radix pass (three, or
+/// two when KeyBits <= 22) unless everything is kept.
+template <int KeyBits, class KeyOf>
 __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
                                            std::uint32_t k, block_select_storage& s) {
   if (k >= length) return {0u, length};            // every key is >= 0: keep all
   std::uint32_t prefix = 0, mask = 0, needed = k;  // needed in [1, keys matching prefix]
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    s.histogram[threadIdx.x] = 0;
+  constexpr int last_shift = 32 - 2 * chunk_digit_bits;  // of the second pass; the third is at 0
+  constexpr int passes = 32 - KeyBits >= last_shift ? 2 : 3;
+  const unsigned lane = threadIdx.x & 31u;
+  for (int pass = 0; pass < passes; ++pass) {
+    const int shift = pass == 2 ? 0 : 32 - (pass + 1) * chunk_digit_bits;
+    const std::uint32_t digit_mask = pass == 2 ? (1u << last_shift) - 1u : chunk_bins - 1u;
+    for (std::uint32_t b = threadIdx.x; b < chunk_bins; b += block_threads) s.histogram[b] = 0;
     __syncthreads();
-    for (std::uint32_t base = threadIdx.x & ~31u; base < length; base += block_threads) {
-      const std::uint32_t i = base + (threadIdx.x & 31u);
-      std::uint32_t bin = radix_bins;  // none: out of range, or outside the prefix
-      if (i < length) {
-        const std::uint32_t key = key_of(i);
-        if ((key & mask) == prefix) bin = (key >> shift) & 0xffu;
+    // Warp by warp, four keys per lane, so that all 32 lanes take part in every vote.
+    for (std::uint32_t base = threadIdx.x & ~31u; base < length; base += 4 * block_threads) {
+#pragma unroll
+      for (std::uint32_t j = 0; j < 4; ++j) {
+        const std::uint32_t i = base + j * block_threads + lane;
+        std::uint32_t digit = chunk_bins;  // none: out of range, or outside the prefix
+        if (i < length) {
+          const std::uint32_t key = key_of(i);
+          if ((key & mask) == prefix) digit = (key >> shift) & digit_mask;
+        }
+        count_digit(s.histogram, digit);
       }
-      count_in_warp(s.histogram, bin);
     }
     __syncthreads();
-    // Thread t holds bin 255 - t, so its inclusive sum counts the keys in its bin or above.
-    const std::uint32_t bin = radix_bins - 1 - threadIdx.x;
-    const std::uint32_t count = s.histogram[bin];
+    // Thread t holds the bins from chunk_bins - 1 - 8t down, so the inclusive sum of its group's
+    // counts is the number of keys in its lowest bin or above.
+    const std::uint32_t top = chunk_bins - 1 - threadIdx.x * chunk_bins_per_thread;
+    std::uint32_t counts[chunk_bins_per_thread];
+    std::uint32_t group = 0;
+#pragma unroll
+    for (int j = 0; j < chunk_bins_per_thread; ++j) group += counts[j] = s.histogram[top - j];
     std::uint32_t at_or_above = 0;
-    cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(count, at_or_above);
-    const std::uint32_t above = at_or_above - count;
+    cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
+    std::uint32_t above = at_or_above - group;
     if (above < needed && needed <= at_or_above) {  // exactly one thread
-      s.digit = bin;
-      s.needed = needed - above;
+#pragma unroll
+      for (int j = 0; j < chunk_bins_per_thread; ++j) {
+        if (above < needed && needed <= above + counts[j]) {
+          s.digit = top - j;
+          s.needed = needed - above;
+        }
+        above += counts[j];
+      }
     }
     __syncthreads();
     prefix |= s.digit << shift;
-    mask |= 0xffu << shift;
+    mask |= digit_mask << shift;
     needed = s.needed;
-    // The next write of digit/needed or of the scan storage comes after two more barriers.
+    // The next write of digit/needed, of the scan storage or of the histogram comes after at
+    // least one more barrier.
   }
   return {prefix, needed};
 }
@@ -114,40 +168,72 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
 // ---------------------------------------------------------------------------------------------
 // Emitting a cut.
 
+inline constexpr int block_warps = block_threads / 32;
+
 struct emit_storage {
-  typename cub::BlockScan<std::uint64_t, block_threads>::TempStorage scan;
+  std::uint32_t above[block_warps];  // keys above the cut in each warp's segment
+  std::uint32_t equal[block_warps];  // keys equal to it
 };
 
-/// Walks candidates [begin, end) in tiles of `block_threads`, in index order, and calls
-/// `visit(i, in_range, keep, slot)` on every thread of the block for each tile (so a visitor may
-/// use warp votes). `slot` counts the kept candidates before `i` since the start of the selection;
-/// `above_before` / `equal_before` count the keys above / equal to the cut before `begin`. `begin`
-/// must be a multiple of 32 for visitors that vote per 32-candidate word.
+__device__ inline std::uint32_t warp_sum(std::uint32_t value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+/// Calls `visit(i, in_range, keep, slot)` for the candidates [begin, end) in index order within
+/// each warp. `slot` counts the kept candidates before `i` since the start of the selection;
+/// `above_before` / `equal_before` count the keys above / equal to the cut before `begin`.
+/// Every warp takes one segment of whole 32-candidate words, in order: it counts its keys above
+/// and equal to the cut, the block adds up the counts of the warps before it, and then it walks its
+/// segment a word at a time, where two votes and their popcounts give every kept candidate its
+/// slot — no block-wide scan per word. A visitor is called by all 32 lanes together (it may vote);
+/// lane 0 holds the word's first candidate when `begin` is a multiple of 32. Reads every key
+/// twice; called by every thread of the block; at most 2^32 - 1 candidates.
 template <class Key, class KeyOf, class Visit>
 __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
                               std::uint64_t end, std::uint64_t above_before,
                               std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
-  using scan_t = cub::BlockScan<std::uint64_t, block_threads>;
-  for (std::uint64_t tile = begin; tile < end; tile += block_threads) {
-    const std::uint64_t i = tile + threadIdx.x;
-    const bool in_range = i < end;
-    const Key key = in_range ? key_of(i) : Key{0};
-    const bool above = in_range && key > c.key;
-    const bool equal = in_range && key == c.key;
-    // Both counts in one scan: a tile holds fewer than 2^32 of either.
-    std::uint64_t before = 0, tile_total = 0;
-    scan_t(s.scan).ExclusiveSum((std::uint64_t{above} << 32) | std::uint64_t{equal}, before,
-                                tile_total);
-    const std::uint64_t equal_rank = equal_before + (before & 0xffffffffu);
-    const bool keep = above || (equal && equal_rank < c.ties);
-    // The ties kept before i are the first ones: min(equal keys before i, ties).
-    const std::uint64_t slot =
-        above_before + (before >> 32) + (equal_rank < c.ties ? equal_rank : c.ties);
-    visit(i, in_range, keep, slot);
-    above_before += tile_total >> 32;
-    equal_before += tile_total & 0xffffffffu;
-    __syncthreads();  // before the scan storage is reused
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const std::uint64_t length = end - begin;
+  const std::uint64_t segment = (length + 32 * block_warps - 1) / (32 * block_warps) * 32;
+  const std::uint64_t first = begin + (warp * segment < length ? warp * segment : length);
+  const std::uint64_t last = begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
+
+  std::uint32_t above = 0, equal = 0;
+  for (std::uint64_t i = first + lane; i < last; i += 32) {
+    const Key key = key_of(i);
+    above += key > c.key;
+    equal += key == c.key;
   }
+  above = warp_sum(above);
+  equal = warp_sum(equal);
+  if (lane == 0) {
+    s.above[warp] = above;
+    s.equal[warp] = equal;
+  }
+  __syncthreads();
+  for (unsigned w = 0; w < warp; ++w) {
+    above_before += s.above[w];
+    equal_before += s.equal[w];
+  }
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  for (std::uint64_t word = first; word < last; word += 32) {
+    const std::uint64_t i = word + lane;
+    const bool in_range = i < last;
+    const Key key = in_range ? key_of(i) : Key{0};
+    const std::uint32_t above_lanes = __ballot_sync(0xffffffffu, in_range && key > c.key);
+    const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, in_range && key == c.key);
+    const std::uint64_t equal_rank = equal_before + __popc(equal_lanes & lanes_below);
+    const bool keep = ((above_lanes >> lane) & 1u) || (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
+    // The ties kept before i are the first ones: min(equal keys before i, ties).
+    const std::uint64_t slot = above_before + __popc(above_lanes & lanes_below) +
+                               (equal_rank < c.ties ? equal_rank : c.ties);
+    visit(i, in_range, keep, slot);
+    above_before += __popc(above_lanes);
+    equal_before += __popc(equal_lanes);
+  }
+  __syncthreads();  // before the counts are written again
 }
 
 // ---------------------------------------------------------------------------------------------
