@@ -89,10 +89,13 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
   __shared__ emit_storage emit;
   extern __shared__ uint4 staged_storage[];
   item* staged = reinterpret_cast<item*>(staged_storage);
-  const std::int64_t chunks = layout.chunk_count();
+  // The layout's counts, divided out once (its accessors divide on every call).
+  const std::int64_t full_chunks = layout.full_chunk_count(), tail = layout.tail_size();
+  const std::int64_t chunks = full_chunks + (tail > 0 ? 1 : 0);
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
-    const auto k = static_cast<std::uint32_t>(layout.kept_in_chunk(chunk));
+    const bool full = chunk < full_chunks;
+    const auto length = static_cast<std::uint32_t>(full ? layout.chunk_size : tail);
+    const auto k = static_cast<std::uint32_t>(full ? layout.kept_per_chunk : layout.kept_per_tail);
     auto visit = writer.at(layout, chunk);
     const T* data = traits::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
     const selection_keys<Selection, T> key_of{data, layout.seed, static_cast<std::uint64_t>(chunk)};
@@ -106,11 +109,12 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
       }
       __syncthreads();
       const staged_keys<Selection, item> keys{staged};
-      emit_selected(keys, block_select<key_bits>(keys, length, k, select_storage), 0, length, 0, 0,
-                    emit, visit);
+      emit_selected(keys, block_select<key_bits, staged_count_batch>(keys, length, k, select_storage),
+                    0, length, 0, 0, emit, visit);
     } else {
-      emit_selected(key_of, block_select<key_bits>(key_of, length, k, select_storage), 0, length,
-                    0, 0, emit, visit);
+      emit_selected(key_of,
+                    block_select<key_bits, global_count_batch>(key_of, length, k, select_storage),
+                    0, length, 0, 0, emit, visit);
     }
   }
 }

@@ -98,6 +98,11 @@ __device__ inline void count_digit(std::uint32_t* histogram, std::uint32_t digit
   if ((threadIdx.x & 31u) == 0 && zeros != 0) atomicAdd(&histogram[0], __popc(zeros));
 }
 
+/// Keys each lane loads at once in a counting pass: from shared memory, or (fewer, each holding
+/// a 64-bit address) from global memory.
+inline constexpr int staged_count_batch = 8;
+inline constexpr int global_count_batch = 4;
+
 struct block_select_storage {
   std::uint32_t histogram[chunk_bins];
   typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
@@ -107,8 +112,8 @@ struct block_select_storage {
 
 /// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`, whose low `32 - KeyBits` bits
 /// are zero. Called by every thread of the block; reads the keys once per radix pass (three, or
-/// two when KeyBits <= 22) unless everything is kept.
-template <int KeyBits, class KeyOf>
+/// two when KeyBits <= 22) unless everything is kept, `CountBatch` at a time per lane.
+template <int KeyBits, int CountBatch, class KeyOf>
 __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
                                            std::uint32_t k, block_select_storage& s) {
   if (k >= length) return {0u, length};            // every key is >= 0: keep all
@@ -121,18 +126,20 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
     const std::uint32_t digit_mask = pass == 2 ? (1u << last_shift) - 1u : chunk_bins - 1u;
     for (std::uint32_t b = threadIdx.x; b < chunk_bins; b += block_threads) s.histogram[b] = 0;
     __syncthreads();
-    // Warp by warp, four keys per lane, so that all 32 lanes take part in every vote.
-    for (std::uint32_t base = threadIdx.x & ~31u; base < length; base += 4 * block_threads) {
+    // Warp by warp, so that all 32 lanes take part in every vote; each lane loads a batch of keys
+    // before it counts any (the loads overlap instead of each waiting behind an atomic).
+    for (std::uint32_t base = threadIdx.x & ~31u; base < length;
+         base += CountBatch * block_threads) {
+      std::uint32_t digits[CountBatch];
 #pragma unroll
-      for (std::uint32_t j = 0; j < 4; ++j) {
+      for (int j = 0; j < CountBatch; ++j) {
         const std::uint32_t i = base + j * block_threads + lane;
-        std::uint32_t digit = chunk_bins;  // none: out of range, or outside the prefix
-        if (i < length) {
-          const std::uint32_t key = key_of(i);
-          if ((key & mask) == prefix) digit = (key >> shift) & digit_mask;
-        }
-        count_digit(s.histogram, digit);
+        const std::uint32_t key = i < length ? key_of(i) : 0u;
+        digits[j] = i < length && (key & mask) == prefix ? (key >> shift) & digit_mask
+                                                         : chunk_bins;  // none
       }
+#pragma unroll
+      for (int j = 0; j < CountBatch; ++j) count_digit(s.histogram, digits[j]);
     }
     __syncthreads();
     // Thread t holds the bins from chunk_bins - 1 - 8t down, so the inclusive sum of its group's
@@ -174,6 +181,9 @@ struct emit_storage {
   std::uint32_t above[block_warps];  // keys above the cut in each warp's segment
   std::uint32_t equal[block_warps];  // keys equal to it
 };
+
+/// Words (of 32 candidates) whose keys a warp loads at once when it emits.
+inline constexpr int emit_batch = 4;
 
 __device__ inline std::uint32_t warp_sum(std::uint32_t value) {
 #pragma unroll
@@ -218,20 +228,32 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
     equal_before += s.equal[w];
   }
   const std::uint32_t lanes_below = (1u << lane) - 1u;
-  for (std::uint64_t word = first; word < last; word += 32) {
-    const std::uint64_t i = word + lane;
-    const bool in_range = i < last;
-    const Key key = in_range ? key_of(i) : Key{0};
-    const std::uint32_t above_lanes = __ballot_sync(0xffffffffu, in_range && key > c.key);
-    const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, in_range && key == c.key);
-    const std::uint64_t equal_rank = equal_before + __popc(equal_lanes & lanes_below);
-    const bool keep = ((above_lanes >> lane) & 1u) || (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
-    // The ties kept before i are the first ones: min(equal keys before i, ties).
-    const std::uint64_t slot = above_before + __popc(above_lanes & lanes_below) +
-                               (equal_rank < c.ties ? equal_rank : c.ties);
-    visit(i, in_range, keep, slot);
-    above_before += __popc(above_lanes);
-    equal_before += __popc(equal_lanes);
+  // A batch of words at a time, every key of the batch loaded before the first is written out.
+  for (std::uint64_t batch = first; batch < last; batch += 32 * emit_batch) {
+    Key keys[emit_batch];
+#pragma unroll
+    for (int j = 0; j < emit_batch; ++j) {
+      const std::uint64_t i = batch + 32 * j + lane;
+      keys[j] = i < last ? key_of(i) : Key{0};
+    }
+#pragma unroll
+    for (int j = 0; j < emit_batch; ++j) {
+      const std::uint64_t word = batch + 32 * j;
+      if (word >= last) break;  // uniform across the warp
+      const std::uint64_t i = word + lane;
+      const bool in_range = i < last;
+      const std::uint32_t above_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] > c.key);
+      const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] == c.key);
+      const std::uint64_t equal_rank = equal_before + __popc(equal_lanes & lanes_below);
+      const bool keep = ((above_lanes >> lane) & 1u) ||
+                        (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
+      // The ties kept before i are the first ones: min(equal keys before i, ties).
+      const std::uint64_t slot = above_before + __popc(above_lanes & lanes_below) +
+                                 (equal_rank < c.ties ? equal_rank : c.ties);
+      visit(i, in_range, keep, slot);
+      above_before += __popc(above_lanes);
+      equal_before += __popc(equal_lanes);
+    }
   }
   __syncthreads();  // before the counts are written again
 }
