@@ -160,11 +160,10 @@ void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const
                           const Writer& writer) {
   const unsigned grid = grid_for(layout.chunk_count(), 1);
   // Whole 16-byte vectors, as the kernel stages them.
-  const auto staged_bytes =
-      (static_cast<std::size_t>(std::min(layout.chunk_size, layout.numel())) *
-           sizeof(staged_item<T, Selection>) +
-       15) /
-      16 * 16;
+  const auto staged_bytes = (static_cast<std::size_t>(std::min(layout.chunk_size, layout.numel())) *
+                                 sizeof(staged_item<T, Selection>) +
+                             15) /
+                            16 * 16;
   auto* staged = select_chunks_kernel<T, Selection, true, Writer>;
   if (reserve_dynamic_shared_memory(staged, staged_bytes, "dropit select_chunks_kernel")) {
     staged<<<grid, block_threads, staged_bytes, stream>>>(layout, input, writer);
@@ -315,8 +314,9 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
     case position_encoding::bitmask: {
       const auto* words = static_cast<const std::uint32_t*>(cache.positions);
       if (layout.mask_words_per_chunk() <= max_chunk_mask_words) {
-        chunk_densify_kernel<T, Out><<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(
-            layout, words, cache.values, out);
+        chunk_densify_kernel<T, Out>
+            <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(layout, words,
+                                                                              cache.values, out);
         check_launch("dropit chunk_densify_kernel");
         return;
       }

@@ -109,8 +109,9 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
       }
       __syncthreads();
       const staged_keys<Selection, item> keys{staged};
-      emit_selected(keys, block_select<key_bits, staged_count_batch>(keys, length, k, select_storage),
-                    0, length, 0, 0, emit, visit);
+      emit_selected(keys,
+                    block_select<key_bits, staged_count_batch>(keys, length, k, select_storage), 0,
+                    length, 0, 0, emit, visit);
     } else {
       emit_selected(key_of,
                     block_select<key_bits, global_count_batch>(key_of, length, k, select_storage),
@@ -368,7 +369,8 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
     const T* chunk_values = values + layout.values_begin(chunk);
     Out* chunk_out = out + layout.chunk_begin(chunk);
     const float scale = layout.value_scale(chunk);
-    const bool aligned = reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_elements<Out>) == 0;
+    const bool aligned =
+        reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_elements<Out>) == 0;
     for (std::uint32_t e = threadIdx.x * 4; e < length; e += block_threads * 4) {
       const std::uint32_t word = word_bits[e / 32], bit = e % 32;  // the 4 share the word
       std::uint32_t slot = word_first[e / 32] + __popc(word & ((1u << bit) - 1u));
@@ -380,7 +382,8 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
       if (aligned && e + 4 <= length) {
         *reinterpret_cast<four_elements<Out>*>(chunk_out + e) = result;
       } else {
-        for (std::uint32_t j = 0; j < 4 && e + j < length; ++j) chunk_out[e + j] = result.element[j];
+        for (std::uint32_t j = 0; j < 4 && e + j < length; ++j)
+          chunk_out[e + j] = result.element[j];
       }
     }
     __syncthreads();  // before the words of the next chunk are written
@@ -576,7 +579,8 @@ DROPIT_KERNEL void conv2d_columns_kernel(conv2d_geometry g, const T* x, std::int
     const std::int64_t ih = oh * g.stride_h - g.pad_h + tap / g.kernel_w * g.dilation_h;
     const std::int64_t iw = ow * g.stride_w - g.pad_w + tap % g.kernel_w * g.dilation_w;
     const bool inside = ih >= 0 && ih < g.height && iw >= 0 && iw < g.width;
-    columns[i] = inside ? x[(((first + s) * g.in_channels + c) * g.height + ih) * g.width + iw] : T{};
+    columns[i] =
+        inside ? x[(((first + s) * g.in_channels + c) * g.height + ih) * g.width + iw] : T{};
   }
 }
 

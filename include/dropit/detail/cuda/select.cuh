@@ -116,8 +116,8 @@ struct block_select_storage {
 template <int KeyBits, int CountBatch, class KeyOf>
 __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
                                            std::uint32_t k, block_select_storage& s) {
-  if (k >= length) return {0u, length};            // every key is >= 0: keep all
-  std::uint32_t prefix = 0, mask = 0, needed = k;  // needed in [1, keys matching prefix]
+  if (k >= length) return {0u, length};                  // every key is >= 0: keep all
+  std::uint32_t prefix = 0, mask = 0, needed = k;        // needed in [1, keys matching prefix]
   constexpr int last_shift = 32 - 2 * chunk_digit_bits;  // of the second pass; the third is at 0
   constexpr int passes = 32 - KeyBits >= last_shift ? 2 : 3;
   const unsigned lane = threadIdx.x & 31u;
@@ -187,7 +187,8 @@ inline constexpr int emit_batch = 4;
 
 __device__ inline std::uint32_t warp_sum(std::uint32_t value) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
   return value;
 }
 
@@ -208,7 +209,8 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
   const std::uint64_t length = end - begin;
   const std::uint64_t segment = (length + 32 * block_warps - 1) / (32 * block_warps) * 32;
   const std::uint64_t first = begin + (warp * segment < length ? warp * segment : length);
-  const std::uint64_t last = begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
+  const std::uint64_t last =
+      begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
 
   std::uint32_t above = 0, equal = 0;
   for (std::uint64_t i = first + lane; i < last; i += 32) {
@@ -245,8 +247,8 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
       const std::uint32_t above_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] > c.key);
       const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] == c.key);
       const std::uint64_t equal_rank = equal_before + __popc(equal_lanes & lanes_below);
-      const bool keep = ((above_lanes >> lane) & 1u) ||
-                        (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
+      const bool keep =
+          ((above_lanes >> lane) & 1u) || (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
       // The ties kept before i are the first ones: min(equal keys before i, ties).
       const std::uint64_t slot = above_before + __popc(above_lanes & lanes_below) +
                                  (equal_rank < c.ties ? equal_rank : c.ties);
