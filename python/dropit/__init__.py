@@ -19,7 +19,9 @@ from . import _C  # noqa: F401  (the compiled operations; fails loudly if the bu
 from . import functional, memory, nn
 from ._policy import Policy
 from .convert import ConvertReport, LayerReport, convert
+from .plan import BlockPlan, MemoryPlan, plan_memory
 
 __version__ = "0.1.0"
 
-__all__ = ["ConvertReport", "LayerReport", "Policy", "convert", "functional", "memory", "nn"]
+__all__ = ["BlockPlan", "ConvertReport", "LayerReport", "MemoryPlan", "Policy", "convert",
+           "functional", "memory", "nn", "plan_memory"]

@@ -15,13 +15,14 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from . import _C, _convolution, _reuse, functional
 from ._policy import Policy
 
-__all__ = ["BatchNorm2d", "Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm", "Linear",
-           "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
+__all__ = ["BatchNorm2d", "Checkpoint", "Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm",
+           "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
 
 
 class _CachingLayer:
@@ -526,3 +527,33 @@ def _relu_of(recompute, *sources) -> torch.Tensor:
     # In place on the recomputed producer output, which nothing else holds: one activation
     # transient in backward, as dense holds. max(x, 0), as dropit's ReLU kernel computes it.
     return F.relu(recompute(*sources), inplace=True)
+
+
+class Checkpoint(nn.Module):
+    """Runs ``block`` under ``torch.utils.checkpoint`` (non-reentrant; random generators restored,
+    so dropout replays): it holds the block's inputs only and runs the block again in backward.
+    The block is a submodule (parameters, ``to()`` and ``train()`` reach it), but the state dict is
+    the block's own, so a checkpointed model saves and loads as the dense one."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.block = block
+        self._register_state_dict_hook(_drop_block_prefix)
+        self._register_load_state_dict_pre_hook(_add_block_prefix)
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return self.block(*args, **kwargs)
+        return torch.utils.checkpoint.checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+
+def _drop_block_prefix(module, state_dict, prefix, local_metadata):
+    for key in [key for key in state_dict if key.startswith(prefix + "block.")]:
+        state_dict[prefix + key[len(prefix) + len("block."):]] = state_dict.pop(key)
+
+
+def _add_block_prefix(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                      error_msgs):
+    for key in [key for key in state_dict
+                if key.startswith(prefix) and not key.startswith(prefix + "block.")]:
+        state_dict[prefix + "block." + key[len(prefix):]] = state_dict.pop(key)

@@ -55,6 +55,46 @@ py::dict plan(const std::vector<std::int64_t>& shape, const std::string& dtype,
   return info;
 }
 
+std::vector<int> codes_of(const std::vector<dropit::block_tool>& tools) {
+  std::vector<int> codes;
+  for (const dropit::block_tool tool : tools) codes.push_back(static_cast<int>(tool));
+  return codes;
+}
+
+/// The memory planner's search (the LibTorch planner's, detail/common/plan_search.hpp) over the
+/// costs dropit.plan_memory measured: per block, which tools apply and the seconds each adds
+/// (keep, convert, checkpoint); `held(tools)` measures the bytes held after forward with each
+/// block given its tool (0, 1, 2). Returns (tools, whether the budget is met).
+py::tuple plan_search(const std::vector<std::vector<bool>>& available,
+                      const std::vector<std::vector<double>>& added_seconds,
+                      std::int64_t dense_held, double dense_seconds, double budget,
+                      const py::function& held) {
+  dropit::detail::expect(available.size() == added_seconds.size(),
+                         "plan_search: ", available.size(), " blocks' tools available but ",
+                         added_seconds.size(),
+                         " blocks' seconds; expected one entry per block in both");
+  dropit::detail::expect(budget > 0.0 && budget <= 1.0, "plan_search: budget ", budget,
+                         " is outside (0, 1]");
+  std::vector<dropit::detail::block_costs> costs(available.size());
+  for (std::size_t b = 0; b < costs.size(); ++b) {
+    dropit::detail::expect(available[b].size() == 3 && added_seconds[b].size() == 3,
+                           "plan_search: block ", b, " has ", available[b].size(), " and ",
+                           added_seconds[b].size(),
+                           " entries; expected 3 (keep, convert, "
+                           "checkpoint)");
+    for (std::size_t t = 0; t < 3; ++t) {
+      costs[b].available[t] = available[b][t];
+      costs[b].added_seconds[t] = added_seconds[b][t];
+    }
+  }
+  dropit::detail::plan_search search(std::move(costs), dense_held, dense_seconds, budget,
+                                     [&](const std::vector<dropit::block_tool>& tools) {
+                                       return held(codes_of(tools)).cast<std::int64_t>();
+                                     });
+  const std::vector<dropit::block_tool> tools = search.run();  // before met() is read
+  return py::make_tuple(codes_of(tools), search.met());
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -131,6 +171,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "wide and `taps` kernel taps.");
   m.attr("cpu_isa") =
       std::string(dropit::detail::cpu::name_of(dropit::detail::cpu::active_cpu_isa()));
+
+  m.def("plan_search", &plan_search, py::arg("available"), py::arg("added_seconds"),
+        py::arg("dense_held"), py::arg("dense_seconds"), py::arg("budget"), py::arg("held"),
+        "The memory planner's search: one tool per block (0 keep, 1 convert, 2 checkpoint) "
+        "meeting the budget at the least added time; returns (tools, met).");
 
   m.def("relu_mask_words", &dropit::relu_mask_words, py::arg("n"),
         "The int32 words of the 1-bit mask a ReLU of n elements saves.");

@@ -32,26 +32,16 @@
 #include <string>
 #include <vector>
 
+#include "../detail/common/plan_search.hpp"
 #include "checkpoint.hpp"
 #include "convert.hpp"
 #include "memory.hpp"
 
 namespace dropit::torch {
 
-/// What the planner does to one block.
-enum class block_tool : std::uint8_t { keep, convert, checkpoint };
-
-inline const char* tool_name(block_tool tool) {
-  switch (tool) {
-    case block_tool::keep:
-      return "keep";
-    case block_tool::convert:
-      return "convert";
-    case block_tool::checkpoint:
-      return "checkpoint";
-  }
-  return "?";
-}
+/// What the planner does to one block (the search is shared with the Python package's planner).
+using ::dropit::block_tool;
+using ::dropit::tool_name;
 
 struct PlanOptions {
   /// Activation bytes the model may hold after forward, as a fraction of what it holds dense, in
@@ -345,35 +335,17 @@ class planner {
     }
   }
 
-  /// The tools, greedily: the change that frees the most bytes per second added, until the
-  /// budget holds. The bytes a change frees are measured in the configuration at hand
-  /// (converting a block frees little alone: its first layer caches what the kept block before it
-  /// holds anyway), the time it adds is the sum of its blocks' alone. Besides each block's own
-  /// change, one change converts every block still kept, as convert would. Then what the budget
-  /// no longer needs is stepped back.
+  /// The tools, by the shared search (detail/common/plan_search.hpp) over the measured costs, with
+  /// the bytes of every configuration it tries measured on the caller's step.
   std::vector<block_tool> search() {
-    target_ = plan_.budget * static_cast<double>(plan_.dense_held);
-    std::vector<block_tool> tools(blocks_.size(), block_tool::keep);
-    std::int64_t held = plan_.dense_held;
-    while (static_cast<double>(held) > target_) {
-      double best_score = 0.0;
-      std::int64_t best_held = held;
-      std::vector<block_tool> best;
-      for (const auto& change : changes_from(tools)) {
-        const std::int64_t change_held = bench_.held(change);
-        const double score = static_cast<double>(held - change_held) / added_cost(tools, change);
-        if (change_held < held && score > best_score) {
-          best_score = score;
-          best_held = change_held;
-          best = change;
-        }
-      }
-      if (best.empty()) break;  // nothing left that frees more
-      tools = std::move(best);
-      held = best_held;
-    }
-    plan_.met = static_cast<double>(held) <= target_;
-    if (plan_.met) step_back(tools);
+    std::vector<dropit::detail::block_costs> costs;
+    for (const BlockPlan& block : plan_.blocks)
+      costs.push_back({block.available, block.added_seconds});
+    dropit::detail::plan_search search(
+        std::move(costs), plan_.dense_held, plan_.dense_seconds, plan_.budget,
+        [&](const std::vector<block_tool>& tools) { return bench_.held(tools); });
+    const std::vector<block_tool> tools = search.run();
+    plan_.met = search.met();
     for (std::size_t b = 0; b < blocks_.size(); ++b) plan_.blocks[b].tool = tools[b];
     return tools;
   }
@@ -382,64 +354,10 @@ class planner {
   bool available(std::size_t b, block_tool tool) const {
     return plan_.blocks[b].available[index_of(tool)];
   }
-  double seconds(std::size_t b, block_tool tool) const {
-    return plan_.blocks[b].added_seconds[index_of(tool)];
-  }
-
-  /// Seconds going from `from` to `to` adds, at least a floor below the timer's noise.
-  double added_cost(const std::vector<block_tool>& from, const std::vector<block_tool>& to) const {
-    double cost = 0.0;
-    for (std::size_t b = 0; b < blocks_.size(); ++b)
-      cost += seconds(b, to[b]) - seconds(b, from[b]);
-    return std::max(cost, 1e-3 * plan_.dense_seconds);
-  }
-
-  /// Each block's other tools, and every kept block converted at once.
-  std::vector<std::vector<block_tool>> changes_from(const std::vector<block_tool>& tools) const {
-    std::vector<std::vector<block_tool>> changes;
-    std::vector<block_tool> convert_kept = tools;
-    std::size_t newly_converted = 0;
-    for (std::size_t b = 0; b < blocks_.size(); ++b) {
-      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
-        if (tool == tools[b] || !available(b, tool)) continue;
-        changes.push_back(tools);
-        changes.back()[b] = tool;
-      }
-      if (tools[b] == block_tool::keep && available(b, block_tool::convert)) {
-        convert_kept[b] = block_tool::convert;
-        ++newly_converted;
-      }
-    }
-    if (newly_converted > 1) changes.push_back(convert_kept);
-    return changes;
-  }
-
-  /// The most expensive choices first, each stepped down to a tool before it (keep, convert,
-  /// checkpoint) that costs less, while the whole model still meets the budget.
-  void step_back(std::vector<block_tool>& tools) {
-    std::vector<std::size_t> order(blocks_.size());
-    for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return seconds(a, tools[a]) > seconds(b, tools[b]);
-    });
-    for (const std::size_t b : order)
-      for (const block_tool cheaper : {block_tool::keep, block_tool::convert}) {
-        if (cheaper >= tools[b] || !available(b, cheaper) ||
-            seconds(b, cheaper) >= seconds(b, tools[b]))
-          continue;
-        std::vector<block_tool> trial = tools;
-        trial[b] = cheaper;
-        if (static_cast<double>(bench_.held(trial)) <= target_) {
-          tools = std::move(trial);
-          break;
-        }
-      }
-  }
 
   plan_bench& bench_;
   const std::vector<plan_block>& blocks_;
   MemoryPlan& plan_;
-  double target_ = 0.0;
 };
 
 }  // namespace detail

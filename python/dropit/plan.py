@@ -1,0 +1,309 @@
+"""The memory planner: for each block of a model one tool — keep it dense, ``convert`` it (exact
+recomputation where cheap producers allow, a DropIT cache for the rest) or checkpoint it — so that
+the model holds no more than a budget of its dense activation bytes after forward, at the least
+measured step time. The search is the LibTorch planner's (``dropit::torch::plan_memory``), shared
+through the extension; the measurements are made here, on the caller's own training step.
+
+    plan = dropit.plan_memory(model, lambda: F.cross_entropy(model(x), y), budget=0.5)
+    print(plan)   # every block's tool, the bytes it frees and the time it adds
+
+Bytes are measured at the allocator (``dropit.memory``) with the whole model in each configuration
+tried; times are measured too: each block's forward (what a checkpoint repeats) and the converted
+model's step against the dense one, interleaved.
+"""
+
+import copy
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from . import _C, memory
+from .convert import convert
+from .nn import Checkpoint
+
+__all__ = ["BlockPlan", "MemoryPlan", "plan_memory"]
+
+TOOLS = ("keep", "convert", "checkpoint")
+
+
+@dataclass
+class BlockPlan:
+    name: str
+    tool: str = "keep"
+    # Per tool, with this block alone changed: bytes held after forward it frees (measured) and
+    # seconds it adds to a step (checkpoint: the block's forward, timed; convert: its share, by
+    # forward time, of what converting every block adds). Tools that do not apply are absent.
+    freed_bytes: Dict[str, int] = field(default_factory=dict)
+    added_seconds: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class MemoryPlan:
+    budget: float
+    dense_held: int = 0  # bytes held after forward (the loss excluded), dense
+    planned_held: int = 0  # ... and as planned
+    dense_seconds: float = 0.0  # median step (forward and backward), dense
+    planned_seconds: float = 0.0  # ... and as planned, timed interleaved with dense
+    met: bool = False  # whether the planned model holds no more than the budget
+    blocks: List[BlockPlan] = field(default_factory=list)
+
+    @property
+    def held_ratio(self) -> float:
+        return self.planned_held / self.dense_held if self.dense_held > 0 else 0.0
+
+    @property
+    def time_ratio(self) -> float:
+        return self.planned_seconds / self.dense_seconds if self.dense_seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        lines = [f"memory plan for budget {self.budget:.3f} of dense: holds {self.held_ratio:.3f}x "
+                 f"({self.planned_held} of {self.dense_held} B) at {self.time_ratio:.3f}x step time"
+                 + ("" if self.met else " -- budget NOT met: every block at its most frugal tool "
+                    "holds more")]
+        for block in self.blocks:
+            line = f"  {block.name}: {block.tool}"
+            if block.tool != "keep":
+                line += (f" (alone: frees {block.freed_bytes[block.tool]} B, adds "
+                         f"{1e3 * block.added_seconds[block.tool]:.1f} ms)")
+            lines.append(line)
+        return "\n".join(lines)
+
+
+_CONTAINERS = (nn.Sequential, nn.ModuleList)
+
+
+def _containers(root: nn.Module, names: Sequence[str]) -> List[Tuple[str, nn.Module]]:
+    """The containers whose children are the blocks: those named, else the root if it is a
+    Sequential, else the outermost Sequentials and ModuleLists inside it."""
+    if names:
+        found = []
+        for name in names:
+            try:
+                container = root.get_submodule(name)
+            except AttributeError:
+                raise ValueError(f"plan_memory: the model has no submodule '{name}' (containers "
+                                 "names the Sequentials whose children are the blocks)") from None
+            if not isinstance(container, _CONTAINERS):
+                raise ValueError(f"plan_memory: '{name}' is a {type(container).__name__}; expected "
+                                 "an nn.Sequential or nn.ModuleList whose children are the blocks")
+            found.append((name, container))
+        return found
+    if isinstance(root, _CONTAINERS):
+        return [("", root)]
+    found = []
+    for name, module in root.named_modules():
+        if (module is not root and isinstance(module, _CONTAINERS)
+                and not any(name.startswith(outer + ".") for outer, _ in found)):
+            found.append((name, module))
+    return found
+
+
+class _Block:
+    """One slot of a container and the module each tool puts there."""
+
+    def __init__(self, container: nn.Module, key: str, qualified: str):
+        self.container, self.key, self.name = container, key, qualified
+        self.original = container._modules[key]
+        self.modules = {"keep": self.original}
+
+    def install(self, tool: str):
+        self.container._modules[self.key] = self.modules[tool]
+
+
+def _synchronize(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Bench:
+    """The caller's training step on the model in any configuration of tools."""
+
+    def __init__(self, model: nn.Module, blocks: List[_Block], loss_fn: Callable,
+                 device: torch.device, rounds: int):
+        self.model, self.blocks, self.loss_fn = model, blocks, loss_fn
+        self.device, self.rounds = device, rounds
+
+    def apply(self, tools: Sequence[str]):
+        for block, tool in zip(self.blocks, tools):
+            block.install(tool)
+
+    def loss(self) -> torch.Tensor:
+        loss = self.loss_fn()
+        if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
+            what = ("a tensor that requires no gradient" if isinstance(loss, torch.Tensor)
+                    else f"a {type(loss).__name__}")
+            raise ValueError(f"plan_memory: the loss function returned {what}; expected the "
+                             "training loss of the model")
+        if loss.numel() != 1:
+            raise ValueError(f"plan_memory: the loss has {loss.numel()} elements; expected a "
+                             "scalar")
+        return loss
+
+    def held(self, tools: Sequence[str]) -> int:
+        """Bytes the graph holds after the loss's forward (the loss itself excluded); then
+        backward."""
+        self.apply(tools)
+        self.model.zero_grad(set_to_none=True)
+        with memory.measure(self.device) as measured:
+            loss = self.loss()
+        held = measured.retained_bytes - loss.element_size() * loss.numel()
+        loss.backward()
+        return held
+
+    def forward_seconds(self) -> List[float]:
+        """Median seconds of each block's forward in the dense model, during the loss's forward."""
+        self.apply(["keep"] * len(self.blocks))
+        started, seconds = {}, [[] for _ in self.blocks]
+        handles = []
+        for b, block in enumerate(self.blocks):
+            def before(module, args, b=b):
+                _synchronize(self.device)
+                started[b] = time.perf_counter()
+
+            def after(module, args, output, b=b):
+                _synchronize(self.device)
+                seconds[b][-1] += time.perf_counter() - started[b]
+
+            handles += [block.original.register_forward_pre_hook(before),
+                        block.original.register_forward_hook(after)]
+        try:
+            for _ in range(self.rounds):
+                for per_block in seconds:
+                    per_block.append(0.0)
+                self.model.zero_grad(set_to_none=True)
+                self.loss()  # the graph is dropped unused
+        finally:
+            for handle in handles:
+                handle.remove()
+        return [statistics.median(per_block) for per_block in seconds]
+
+    def step_seconds(self) -> float:
+        self.model.zero_grad(set_to_none=True)
+        _synchronize(self.device)
+        start = time.perf_counter()
+        self.loss().backward()
+        _synchronize(self.device)
+        return time.perf_counter() - start
+
+    def time(self, tools: Sequence[str]) -> Tuple[float, float]:
+        """Median seconds of the dense step and median ratio of ``tools``'s step to it, timed in
+        alternation."""
+        dense, ratios = [], []
+        for _ in range(self.rounds):
+            self.apply(["keep"] * len(self.blocks))
+            base = self.step_seconds()
+            self.apply(tools)
+            ratios.append(self.step_seconds() / base)
+            dense.append(base)
+        return statistics.median(dense), statistics.median(ratios)
+
+
+def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: float = 0.5, *,
+                containers: Iterable[str] = (), gamma: float = 0.9, timing_rounds: int = 5,
+                **convert_options) -> MemoryPlan:
+    """Plans and applies, in place, one tool per block (keep, convert, checkpoint) so that
+    ``model`` holds no more than ``budget`` (in (0, 1]) of its dense activation bytes after
+    forward, at the least measured step time. ``loss_fn()`` runs one forward of the model on a
+    representative batch and returns the scalar loss; the planner calls it (and backward) up to a
+    few hundred times.
+
+    containers: qualified names of the nn.Sequential / nn.ModuleList modules whose children are the
+        blocks. Empty: the model itself if it is one, else the outermost ones inside it.
+    gamma, convert_options: how a block the planner converts is converted (:func:`dropit.convert`'s
+        arguments, names counted from the model; ``skip_first`` defaults to False here).
+    timing_rounds: timed repetitions of each block's forward and of the steps compared.
+
+    Converted blocks share the model's parameters; a checkpointed block is wrapped in
+    :class:`dropit.nn.Checkpoint`, whose state dict is the block's own. The blocks' buffers
+    (BatchNorm's running statistics) are restored afterwards and the parameters' gradients cleared;
+    random generators advance. Should ``loss_fn`` raise, the model is left as it came.
+    """
+    if not 0.0 < budget <= 1.0:
+        raise ValueError(f"plan_memory: budget {budget} is outside (0, 1]; it is the fraction of "
+                         "the dense model's activation bytes the model may hold")
+    if timing_rounds < 1:
+        raise ValueError(f"plan_memory: timing_rounds {timing_rounds} must be at least 1")
+    if not callable(loss_fn):
+        raise ValueError(f"plan_memory: loss_fn is a {type(loss_fn).__name__}; expected a function "
+                         "that runs the model and returns its scalar loss")
+    parameters = list(model.parameters())
+    if not parameters:
+        raise ValueError(f"plan_memory: {type(model).__name__} has no parameters to train")
+    if not model.training:
+        raise ValueError(f"plan_memory: {type(model).__name__} is in eval mode; plan in training "
+                         "mode, where activations are kept")
+    if isinstance(containers, str):
+        containers = [containers]
+
+    blocks = []
+    for prefix, container in _containers(model, list(containers)):
+        for key in list(container._modules):
+            blocks.append(_Block(container, key, f"{prefix}.{key}" if prefix else key))
+    if not blocks:
+        raise ValueError("plan_memory: the model holds no nn.Sequential or nn.ModuleList whose "
+                         "children could be planned as blocks; name them with containers=")
+
+    # The model converted once, as a twin sharing its parameters and buffers, so that exclude
+    # patterns count from the root as convert counts them; each block's converted form is the
+    # twin's module at the block's place.
+    shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    twin = copy.deepcopy(model, memo=shared)
+    report = convert(twin, gamma=gamma, **{"skip_first": False, **convert_options})
+    converted = [layer.name for layer in report.converted]
+    plans = []
+    for block in blocks:
+        if any(name == block.name or name.startswith(block.name + ".") for name in converted):
+            block.modules["convert"] = twin.get_submodule(block.name)
+        block.modules["checkpoint"] = Checkpoint(block.original)
+        plans.append(BlockPlan(block.name))
+
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    bench = _Bench(model, blocks, loss_fn, parameters[0].device, timing_rounds)
+    plan = MemoryPlan(budget)
+    dense_tools = ["keep"] * len(blocks)
+    try:
+        bench.held(dense_tools)  # a first step: allocations, kernels' first-call set-up
+        plan.dense_held = bench.held(dense_tools)
+        forward = bench.forward_seconds()
+        convertible = [b for b, block in enumerate(blocks) if "convert" in block.modules]
+        convert_all = ["convert" if b in convertible else "keep" for b in range(len(blocks))]
+        plan.dense_seconds, convert_ratio = bench.time(convert_all)
+        convert_seconds = max(0.0, convert_ratio - 1.0) * plan.dense_seconds
+        convertible_forward = sum(forward[b] for b in convertible)
+        for b, block in enumerate(blocks):
+            costs = plans[b]
+            costs.added_seconds = {"keep": 0.0, "checkpoint": forward[b]}
+            if b in convertible:
+                costs.added_seconds["convert"] = (convert_seconds * forward[b] / convertible_forward
+                                                  if convertible_forward > 0 else 0.0)
+            for tool in costs.added_seconds:
+                if tool != "keep":
+                    alone = list(dense_tools)
+                    alone[b] = tool
+                    costs.freed_bytes[tool] = plan.dense_held - bench.held(alone)
+
+        codes, plan.met = _C.plan_search(
+            [[tool in costs.added_seconds for tool in TOOLS] for costs in plans],
+            [[costs.added_seconds.get(tool, 0.0) for tool in TOOLS] for costs in plans],
+            plan.dense_held, plan.dense_seconds, budget,
+            lambda tools: bench.held([TOOLS[code] for code in tools]))
+        tools = [TOOLS[code] for code in codes]
+        for costs, tool in zip(plans, tools):
+            costs.tool = tool
+        plan.planned_held = bench.held(tools)
+        plan.planned_seconds = bench.time(tools)[1] * plan.dense_seconds
+        bench.apply(tools)
+    except BaseException:
+        bench.apply(dense_tools)
+        raise
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
+        model.zero_grad(set_to_none=True)
+    plan.blocks = plans
+    return plan
