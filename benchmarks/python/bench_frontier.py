@@ -9,7 +9,9 @@ Variants (each a training step: forward, loss, backward, SGD):
 - SAC: the same blocks under a selective policy that saves the outputs of matmuls, convolutions and
   attention and recomputes everything else (torch's documented example policy);
 - compiled dense and compiled dropit: ``torch.compile(model, fullgraph=True)`` (inductor) with
-  ``torch._functorch.config.activation_memory_budget`` = 1.0, 0.5, 0.3, 0.2.
+  ``torch._functorch.config.activation_memory_budget`` = 1.0, 0.5, 0.3, 0.2;
+- with ``--plan 0.5 ...``, eager plan B: ``dropit.plan_memory`` at budget B (keep, convert or
+  checkpoint per block, planned on the workload's own loss before the timed steps).
 
 Each budget runs in a process of its own (the budget is global compiler configuration), with eager
 dense as the baseline beside the two compiled models; the eager variants share one more process.
@@ -194,7 +196,13 @@ def converted(model, example_input):
     return model
 
 
-def variants(workload, budget, compiled=("dense", "dropit")):
+def planned(model, workload, budget):
+    plan = dropit.plan_memory(model, lambda: workload.loss(model), budget=budget)
+    print(plan, flush=True)
+    return model
+
+
+def variants(workload, budget, compiled=("dense", "dropit"), plans=()):
     """The variants one process measures: eager dense first (the baseline), then the rest."""
     dense = workload.model
     out = {"eager dense": dense}
@@ -202,6 +210,8 @@ def variants(workload, budget, compiled=("dense", "dropit")):
         out["eager dropit"] = converted(copy.deepcopy(dense), workload.batch[0])
         out["checkpoint"] = checkpointed(copy.deepcopy(dense))
         out["SAC"] = checkpointed(copy.deepcopy(dense), save_compute_intensive)
+        for plan_budget in plans:
+            out[f"eager plan {plan_budget}"] = planned(copy.deepcopy(dense), workload, plan_budget)
     else:
         if "dense" in compiled:
             out[f"compiled dense {budget}"] = torch.compile(copy.deepcopy(dense), fullgraph=True)
@@ -259,12 +269,13 @@ def distance(gradients, reference):
     return math.sqrt(num / den)
 
 
-def measure(name, budget, rounds, warmup, device="cpu", autocast="", compiled=("dense", "dropit")):
+def measure(name, budget, rounds, warmup, device="cpu", autocast="", compiled=("dense", "dropit"),
+            plans=()):
     if budget is not None:
         torch._functorch.config.activation_memory_budget = budget
     workload = Workload(name, device)
     workload.autocast = getattr(torch, autocast) if autocast else None
-    models = variants(workload, budget, compiled)
+    models = variants(workload, budget, compiled, plans)
     for model in models.values():
         model.train()
     optimizers = {v: torch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9)
@@ -333,6 +344,8 @@ def main():
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--autocast", default="", choices=["", "bfloat16", "float16"],
                         help="run every variant under autocast to this type")
+    parser.add_argument("--plan", nargs="*", type=float, default=[],
+                        help="dropit.plan_memory budgets measured among the eager variants")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2, help="steps before timing (compiles)")
     parser.add_argument("--model", help="measure one process's share: this model ...")
@@ -348,7 +361,7 @@ def main():
 
     if args.model:
         result = measure(args.model, args.budget, args.rounds, args.warmup, args.device,
-                         args.autocast, args.compiled)
+                         args.autocast, args.compiled, args.plan)
         write_json(result, args.json)
         return
 
@@ -360,8 +373,10 @@ def main():
     os.makedirs(scratch, exist_ok=True)
     for budget in [None] + args.budgets:
         for name in args.models:
+            plans = args.plan if budget is None else []
             tag = "-".join(filter(None, [name, str(budget or "eager"), args.device, args.autocast,
-                                         *args.compiled, str(args.rounds)]))
+                                         *args.compiled, *(f"plan{b}" for b in plans),
+                                         str(args.rounds)]))
             part = os.path.join(scratch, tag + ".json")
             if not os.path.exists(part):
                 command = [sys.executable, __file__, "--model", name, "--rounds", str(args.rounds),
@@ -371,6 +386,8 @@ def main():
                     command += ["--autocast", args.autocast]
                 if budget is not None:
                     command += ["--budget", str(budget)]
+                if plans:
+                    command += ["--plan", *map(str, plans)]
                 print("frontier:", name, "eager" if budget is None else f"budget {budget}",
                       flush=True)
                 subprocess.run(command, check=True)
