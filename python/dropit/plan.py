@@ -251,7 +251,12 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
     # patterns count from the root as convert counts them; each block's converted form is the
     # twin's module at the block's place.
     shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    twin = copy.deepcopy(model, memo=shared)
+    try:
+        twin = copy.deepcopy(model, memo=shared)
+    except Exception as error:
+        raise ValueError(f"plan_memory: {type(model).__name__} cannot be copied ({error}); the "
+                         "planner converts a copy of the model's modules that shares its "
+                         "parameters, so plan the model before wrapping it") from error
     report = convert(twin, gamma=gamma, **{"skip_first": False, **convert_options})
     converted = [layer.name for layer in report.converted]
     plans = []

@@ -5,6 +5,7 @@ shared search (dropit._C.plan_search) is checked against an exhaustive search on
 
 import copy
 import itertools
+import threading
 
 import pytest
 import torch
@@ -139,6 +140,15 @@ def test_bad_models_and_losses_leave_the_model_as_it_came():
     model.eval()
     with pytest.raises(ValueError, match="is in eval mode"):
         dropit.plan_memory(model, lambda: F.cross_entropy(model(x), y))
+
+
+def test_a_model_that_cannot_be_copied_gets_a_clear_error():
+    model = _model()
+    model.lock = threading.Lock()  # deepcopy cannot copy a lock
+    x, y = _batch("cpu")
+    with pytest.raises(ValueError, match="Sequential cannot be copied"):
+        dropit.plan_memory(model, lambda: F.cross_entropy(model(x), y), containers=["2"])
+    assert all(type(m) is nn.Sequential for m in model[2])
 
 
 def _exhaustive(available, seconds, held, budget, dense_held):
