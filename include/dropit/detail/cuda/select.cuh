@@ -88,7 +88,8 @@ inline constexpr int chunk_bins_per_thread = chunk_bins / block_threads;
 static_assert(chunk_bins % block_threads == 0);
 
 /// Adds one to `histogram[digit]` for every lane holding a digit (`chunk_bins`: none). Lanes of a
-/// warp mostly hold distinct digits (11 bits split each exponent eight ways), so each adds its own;
+/// warp mostly hold different digits (the first pass splits each exponent four ways, the later
+/// ones count only the few keys still matching the prefix), so each adds its own;
 /// digit 0 — zeros, which ReLU outputs and padding are full of — is counted with one vote and one
 /// atomic per warp, since a warp of zeros would otherwise serialise 32 atomics on one address.
 /// Called by all 32 lanes of the warp together.
