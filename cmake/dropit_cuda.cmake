@@ -43,12 +43,7 @@ if(DROPIT_BUILD_CUDA)
   # dropit::cuda_instances: the operations compiled by nvcc for every storage type
   # (include/dropit/cuda_instances.cu, added to the consumer's sources), so that code compiled by
   # the host compiler calls them through dropit/cuda.hpp. Link it into one target per program.
-  add_library(dropit_cuda_instances INTERFACE)
-  add_library(dropit::cuda_instances ALIAS dropit_cuda_instances)
-  set_target_properties(dropit_cuda_instances PROPERTIES EXPORT_NAME cuda_instances)
-  target_sources(dropit_cuda_instances INTERFACE
-    $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include/dropit/cuda_instances.cu>
-    $<INSTALL_INTERFACE:$<INSTALL_PREFIX>/${CMAKE_INSTALL_INCLUDEDIR}/dropit/cuda_instances.cu>)
+  dropit_instances_library(cuda_instances cuda_instances.cu)
   target_link_libraries(dropit_cuda_instances INTERFACE dropit_cuda)
   dropit_install_component(cuda TARGETS dropit_cuda dropit_cuda_instances
                            CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda.cmake.in)
