@@ -7,9 +7,10 @@
 //
 // Kernel by kernel (the host code in cache_ops.cuh / weight_grad.cuh strings them together):
 // - select_chunks: one block per chunk: the chunk staged in shared memory (one read, 16-byte
-//   asynchronous copies), block_select (three 11-bit radix histogram passes in shared memory, two
-//   for 16-bit types) then emit_selected, writing values and bitmask / offsets, or the dense chunk
-//   of a seeded cache.
+//   asynchronous copies), block_select (an 11-bit radix histogram pass in shared memory over
+//   every key, then 8-bit passes over the keys of the bin holding the cut) then emit_selected
+//   (four candidates per lane), writing values and bitmask / offsets, or the dense chunk of a
+//   seeded cache.
 // - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
 //   8-bit MSB radix passes; each pass builds a global 256-bin histogram (per-block shared
 //   histograms folded with one atomic per non-empty bin), then one block picks the digit holding
@@ -89,12 +90,14 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
   __shared__ emit_storage emit;
   extern __shared__ uint4 staged_storage[];
   item* staged = reinterpret_cast<item*>(staged_storage);
-  // The layout's counts, divided out once (its accessors divide on every call).
-  const std::int64_t full_chunks = layout.full_chunk_count(), tail = layout.tail_size();
-  const std::int64_t chunks = full_chunks + (tail > 0 ? 1 : 0);
-  for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const bool full = chunk < full_chunks;
-    const auto length = static_cast<std::uint32_t>(full ? layout.chunk_size : tail);
+  // Chunk by chunk without the layout's counts, which divide (a 64-bit division is a call whose
+  // results, live across the loop, spill on sm_80).
+  const std::int64_t numel = layout.numel();
+  if (layout.chunk_size <= 0) return;  // no chunks (plan_cache gives every chunked layout one)
+  for (std::int64_t chunk = blockIdx.x; chunk * layout.chunk_size < numel; chunk += gridDim.x) {
+    const std::int64_t left = numel - chunk * layout.chunk_size;
+    const bool full = left >= layout.chunk_size;
+    const auto length = static_cast<std::uint32_t>(full ? layout.chunk_size : left);
     const auto k = static_cast<std::uint32_t>(full ? layout.kept_per_chunk : layout.kept_per_tail);
     auto visit = writer.at(layout, chunk);
     const T* data = traits::ranks_values ? input + layout.chunk_begin(chunk) : nullptr;
@@ -109,13 +112,11 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
       }
       __syncthreads();
       const staged_keys<Selection, item> keys{staged};
-      emit_selected(keys,
-                    block_select<key_bits, staged_count_batch>(keys, length, k, select_storage), 0,
-                    length, 0, 0, emit, visit);
+      emit_selected(keys, block_select<key_bits>(keys, length, k, select_storage), 0, length, 0, 0,
+                    emit, visit);
     } else {
-      emit_selected(key_of,
-                    block_select<key_bits, global_count_batch>(key_of, length, k, select_storage),
-                    0, length, 0, 0, emit, visit);
+      emit_selected(key_of, block_select<key_bits>(key_of, length, k, select_storage), 0, length, 0,
+                    0, emit, visit);
     }
   }
 }

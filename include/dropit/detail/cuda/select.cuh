@@ -5,10 +5,11 @@
 //
 // A selection is a cut (common/keys.hpp's `threshold`): keep every key above `key` and the first
 // `ties` keys equal to it. `block_select` finds the cut of one chunk inside one block by MSB radix
-// passes (11 bits each) over a shared-memory histogram; `emit_selected` then gives each warp a
-// segment of the candidates in index order, and two warp votes per 32 candidates give every kept
-// candidate its output slot, so writers store values and positions in ascending position order
-// with no further coordination.
+// passes over shared-memory histograms: 11 bits over every key, then the rest over the few keys
+// of the bin that holds the cut; `emit_selected` then gives each warp a segment of the candidates
+// in index order, four per lane, and one warp scan per 128 candidates gives every kept candidate
+// its output slot, so writers store values and positions in ascending position order with no
+// further coordination.
 
 #include <cub/block/block_scan.cuh>
 
@@ -29,6 +30,13 @@ struct cut {
 
 // ---------------------------------------------------------------------------------------------
 // Keys.
+
+/// Four consecutive items of an array, loaded at once (from an index that is a multiple of 4, the
+/// array aligned to four items).
+template <class Item>
+struct alignas(4 * sizeof(Item)) four_items {
+  Item item[4];
+};
 
 /// The keys of a selection's candidates (selection_traits::key): ranked values of `data`, or
 /// generator draws of `stream` (`data` unused, may be null).
@@ -57,12 +65,19 @@ struct stored_keys {
 template <class Selection, class Staged>
 struct staged_keys {
   const Staged* items;
-  __device__ std::uint32_t operator()(std::uint64_t i) const {
+  __device__ static std::uint32_t key_of_item(Staged item) {
     using traits = selection_traits<Selection>;
     if constexpr (traits::ranks_values)
-      return traits::key(items[i], 0, 0, i);
+      return traits::key(item, 0, 0, 0);
     else
-      return items[i];
+      return item;
+  }
+  __device__ std::uint32_t operator()(std::uint64_t i) const { return key_of_item(items[i]); }
+  /// Keys i .. i+3 from one vector load (`i` a multiple of 4; the items are 16-byte aligned).
+  __device__ void four(std::uint64_t i, std::uint32_t (&keys)[4]) const {
+    const auto loaded = *reinterpret_cast<const four_items<Staged>*>(items + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) keys[j] = key_of_item(loaded.item[j]);
   }
 };
 
@@ -73,104 +88,213 @@ struct staged_keys {
 /// `radix_bins` count nowhere), with one shared-memory atomic per distinct bin: magnitudes of one
 /// tensor share a few exponents, so the lanes of a warp mostly fall into two or three bins, which
 /// one atomic per lane would serialise. Called by all 32 lanes of the warp together. (The
-/// whole-tensor selection's 8-bit passes; a chunk's 11-bit passes use count_digit.)
+/// whole-tensor selection's 8-bit passes; a chunk's passes use radix_pass.)
 __device__ inline void count_in_warp(std::uint32_t* histogram, std::uint32_t bin) {
   const std::uint32_t peers = __match_any_sync(0xffffffffu, bin);
   if (bin < radix_bins && (threadIdx.x & 31u) == static_cast<std::uint32_t>(__ffs(peers) - 1))
     atomicAdd(&histogram[bin], static_cast<std::uint32_t>(__popc(peers)));
 }
 
-/// A chunk's cut is found by three MSB radix passes of 11, 11 and 10 bits (two for keys whose low
-/// 16 bits are zero: the 16-bit types), over a 2048-bin shared histogram.
-inline constexpr int chunk_digit_bits = 11;
-inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
-inline constexpr int chunk_bins_per_thread = chunk_bins / block_threads;
-static_assert(chunk_bins % block_threads == 0);
-
-/// Adds one to `histogram[digit]` for every lane holding a digit (`chunk_bins`: none). Lanes of a
-/// warp mostly hold different digits (the first pass splits each exponent four ways, the later
-/// ones count only the few keys still matching the prefix), so each adds its own;
-/// digit 0 — zeros, which ReLU outputs and padding are full of — is counted with one vote and one
-/// atomic per warp, since a warp of zeros would otherwise serialise 32 atomics on one address.
-/// Called by all 32 lanes of the warp together.
-__device__ inline void count_digit(std::uint32_t* histogram, std::uint32_t digit) {
-  const std::uint32_t zeros = __ballot_sync(0xffffffffu, digit == 0);
-  if (digit != 0 && digit < chunk_bins) atomicAdd(&histogram[digit], 1u);
-  if ((threadIdx.x & 31u) == 0 && zeros != 0) atomicAdd(&histogram[0], __popc(zeros));
-}
-
-/// Keys each lane loads at once in a counting pass: from shared memory, or (fewer, each holding
-/// a 64-bit address) from global memory.
-inline constexpr int staged_count_batch = 8;
-inline constexpr int global_count_batch = 4;
-
-struct block_select_storage {
-  std::uint32_t histogram[chunk_bins];
-  typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
-  std::uint32_t digit;
-  std::uint32_t needed;
+/// Key sources in shared memory offer `four`: the keys i .. i+3 from one vector load, for `i` a
+/// multiple of 4.
+template <class KeyOf>
+concept loads_four_keys = requires(const KeyOf& key_of, std::uint32_t (&keys)[4]) {
+  key_of.four(std::uint64_t{0}, keys);
 };
 
+/// Four keys `key_of(i .. i+3)`, those at `end` or beyond read as 0 (callers test the index).
+template <class Key, class KeyOf>
+__device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std::uint64_t end,
+                                      Key (&keys)[4]) {
+  if constexpr (loads_four_keys<KeyOf>) {
+    if (i + 4 <= end) {
+      key_of.four(i, keys);
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) keys[j] = i + j < end ? key_of(i + j) : Key{0};
+}
+
+/// Keys stored in shared memory (a chunk's candidates).
+struct shared_keys {
+  const std::uint32_t* keys;
+  __device__ std::uint32_t operator()(std::uint64_t i) const { return keys[i]; }
+  __device__ void four(std::uint64_t i, std::uint32_t (&out)[4]) const {
+    const auto loaded = *reinterpret_cast<const four_items<std::uint32_t>*>(keys + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = loaded.item[j];
+  }
+};
+
+/// A chunk's cut is found by MSB radix passes. The first takes the top 11 bits of every key into a
+/// 2048-bin histogram. The keys of the bin holding the cut — a few percent of a chunk of
+/// magnitudes (a quarter of an octave), 1/2048 of one of random draws — are then copied into the
+/// histogram's memory, and the remaining 21 bits (5 for 16-bit types, whose low 16 bits are zero)
+/// are decided over those candidates alone, 8 bits at a time over a 256-bin histogram. When the
+/// bin holds more keys than fit (ties, zeros, values in a narrow range), the later passes scan
+/// every key instead, 11 bits at a time.
+inline constexpr int chunk_digit_bits = 11;
+inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
+inline constexpr int candidate_digit_bits = 8;
+static_assert(chunk_bins % block_threads == 0 && radix_bins == 1 << candidate_digit_bits);
+
+struct block_select_storage {
+  union alignas(16) {
+    std::uint32_t histogram[chunk_bins];   // passes over every key
+    std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin, once it is chosen
+  };
+  std::uint32_t candidate_histogram[radix_bins];  // passes over the candidates
+  typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
+  std::uint32_t digit, needed, matching, candidate_count;
+};
+
+/// A cut being searched: the digits decided so far (`prefix` under `mask`), how many keys match
+/// them, and how many of those are still to keep (in [1, matching]).
+struct cut_search {
+  std::uint32_t prefix = 0, mask = 0, matching = 0, needed = 0;
+};
+
+/// Keys each lane loads at once in a counting pass: two vector loads from shared memory, or four
+/// keys from global memory (each holding a 64-bit address: eight would spill on sm_80).
+template <class KeyOf>
+inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
+
+/// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
+/// search's prefix into `histogram` (`Bins` bins), then narrows the search to the bin holding the
+/// cut. Digit 0 — zeros, which ReLU outputs and padding are full of — is not counted (a warp of
+/// them would serialise 32 atomics on one address): its count is what the other bins leave of
+/// `matching`. Called by every thread of the block.
+template <int Bins, class KeyOf>
+__device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
+                           std::uint32_t digit_mask, cut_search& search, std::uint32_t* histogram,
+                           block_select_storage& s) {
+  for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
+  __syncthreads();
+  // Every key of a batch is loaded before the first is counted: the loads overlap instead of
+  // each waiting behind an atomic.
+  constexpr int batch = count_batch<KeyOf>;
+  for (std::uint32_t base = batch * threadIdx.x; base < length; base += batch * block_threads) {
+    std::uint32_t keys[batch / 4][4];
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v) load_four_keys(key_of, base + 4 * v, length, keys[v]);
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t key = keys[v][j];
+        const std::uint32_t digit = (key >> shift) & digit_mask;
+        if (base + 4 * v + j < length && (key & search.mask) == search.prefix && digit != 0)
+          atomicAdd(&histogram[digit], 1u);
+      }
+    }
+  }
+  __syncthreads();
+  // Thread t holds the bins from Bins - 1 - t * per_thread down, so the inclusive sum of its
+  // group's counts is the number of matching keys in its lowest bin or above.
+  constexpr int per_thread = Bins / block_threads;
+  const std::uint32_t top = Bins - 1 - threadIdx.x * per_thread;
+  std::uint32_t counts[per_thread];
+  std::uint32_t group = 0;
+#pragma unroll
+  for (int j = 0; j < per_thread; ++j) group += counts[j] = histogram[top - j];
+  std::uint32_t at_or_above = 0;
+  cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
+  std::uint32_t above = at_or_above - group;
+  const std::uint32_t needed = search.needed;
+  if (above < needed && needed <= at_or_above) {  // at most one thread
+#pragma unroll
+    for (int j = 0; j < per_thread; ++j) {
+      if (above < needed && needed <= above + counts[j]) {
+        s.digit = top - j;
+        s.needed = needed - above;
+        s.matching = counts[j];
+      }
+      above += counts[j];
+    }
+  }
+  // The last thread's sum covers every counted key: the cut is in bin 0 if it lies beyond.
+  if (threadIdx.x == block_threads - 1 && needed > at_or_above) {
+    s.digit = 0;
+    s.needed = needed - at_or_above;
+    s.matching = search.matching - at_or_above;
+  }
+  __syncthreads();
+  search.prefix |= s.digit << shift;
+  search.mask |= digit_mask << shift;
+  search.needed = s.needed;
+  search.matching = s.matching;
+  // The next write of digit/needed/matching, of the scan storage or of the histogram comes after
+  // at least one more barrier.
+}
+
+/// Radix passes of `DigitBits` bits over the bits of the keys below `low` (the higher ones
+/// decided), down to the lowest bit a key of `KeyBits` bits sets.
+template <int KeyBits, int DigitBits, class KeyOf>
+__device__ void finish_search(const KeyOf& key_of, std::uint32_t length, int low,
+                              cut_search& search, std::uint32_t* histogram,
+                              block_select_storage& s) {
+  for (; low > 32 - KeyBits;) {
+    const int shift = low > DigitBits ? low - DigitBits : 0;
+    radix_pass<1 << DigitBits>(key_of, length, shift, (1u << (low - shift)) - 1u, search, histogram,
+                               s);
+    low = shift;
+  }
+}
+
+/// Appends the keys matching the search's prefix to `s.candidates` (in no particular order).
+/// Called by every thread of the block; there must be room for every matching key.
+template <class KeyOf>
+__device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
+                                   const cut_search& search, block_select_storage& s) {
+  const unsigned lane = threadIdx.x & 31u;
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  // Warp by warp, so that all 32 lanes take part in every vote.
+  for (std::uint32_t group = 4 * (threadIdx.x & ~31u); group < length; group += 4 * block_threads) {
+    const std::uint32_t i = group + 4 * lane;
+    std::uint32_t keys[4];
+    load_four_keys(key_of, i, length, keys);
+    std::uint32_t votes[4], total = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      votes[j] =
+          __ballot_sync(0xffffffffu, i + j < length && (keys[j] & search.mask) == search.prefix);
+      total += __popc(votes[j]);
+    }
+    if (total == 0) continue;  // uniform across the warp
+    std::uint32_t slot = 0;
+    if (lane == 0) slot = atomicAdd(&s.candidate_count, total);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((votes[j] >> lane) & 1u) s.candidates[slot + __popc(votes[j] & lanes_below)] = keys[j];
+      slot += __popc(votes[j]);
+    }
+  }
+}
+
 /// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`, whose low `32 - KeyBits` bits
-/// are zero. Called by every thread of the block; reads the keys once per radix pass (three, or
-/// two when KeyBits <= 22) unless everything is kept, `CountBatch` at a time per lane.
-template <int KeyBits, int CountBatch, class KeyOf>
+/// are zero. Called by every thread of the block; reads every key twice (the first pass and the
+/// collection of candidates), or, when the candidates do not fit, once per 11-bit pass.
+template <int KeyBits, class KeyOf>
 __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
                                            std::uint32_t k, block_select_storage& s) {
-  if (k >= length) return {0u, length};                  // every key is >= 0: keep all
-  std::uint32_t prefix = 0, mask = 0, needed = k;        // needed in [1, keys matching prefix]
-  constexpr int last_shift = 32 - 2 * chunk_digit_bits;  // of the second pass; the third is at 0
-  constexpr int passes = 32 - KeyBits >= last_shift ? 2 : 3;
-  const unsigned lane = threadIdx.x & 31u;
-  for (int pass = 0; pass < passes; ++pass) {
-    const int shift = pass == 2 ? 0 : 32 - (pass + 1) * chunk_digit_bits;
-    const std::uint32_t digit_mask = pass == 2 ? (1u << last_shift) - 1u : chunk_bins - 1u;
-    for (std::uint32_t b = threadIdx.x; b < chunk_bins; b += block_threads) s.histogram[b] = 0;
+  if (k >= length) return {0u, length};  // every key is >= 0: keep all
+  if (k == 0) return {0xffffffffu, 0};   // no key is above the largest
+  cut_search search{0, 0, length, k};
+  if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
+  constexpr int low = 32 - chunk_digit_bits;
+  radix_pass<chunk_bins>(key_of, length, low, chunk_bins - 1, search, s.histogram, s);
+  if (search.matching <= chunk_bins) {
+    collect_candidates(key_of, length, search, s);
     __syncthreads();
-    // Warp by warp, so that all 32 lanes take part in every vote; each lane loads a batch of keys
-    // before it counts any (the loads overlap instead of each waiting behind an atomic).
-    for (std::uint32_t base = threadIdx.x & ~31u; base < length;
-         base += CountBatch * block_threads) {
-      std::uint32_t digits[CountBatch];
-#pragma unroll
-      for (int j = 0; j < CountBatch; ++j) {
-        const std::uint32_t i = base + j * block_threads + lane;
-        const std::uint32_t key = i < length ? key_of(i) : 0u;
-        digits[j] = i < length && (key & mask) == prefix ? (key >> shift) & digit_mask
-                                                         : chunk_bins;  // none
-      }
-#pragma unroll
-      for (int j = 0; j < CountBatch; ++j) count_digit(s.histogram, digits[j]);
-    }
-    __syncthreads();
-    // Thread t holds the bins from chunk_bins - 1 - 8t down, so the inclusive sum of its group's
-    // counts is the number of keys in its lowest bin or above.
-    const std::uint32_t top = chunk_bins - 1 - threadIdx.x * chunk_bins_per_thread;
-    std::uint32_t counts[chunk_bins_per_thread];
-    std::uint32_t group = 0;
-#pragma unroll
-    for (int j = 0; j < chunk_bins_per_thread; ++j) group += counts[j] = s.histogram[top - j];
-    std::uint32_t at_or_above = 0;
-    cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
-    std::uint32_t above = at_or_above - group;
-    if (above < needed && needed <= at_or_above) {  // exactly one thread
-#pragma unroll
-      for (int j = 0; j < chunk_bins_per_thread; ++j) {
-        if (above < needed && needed <= above + counts[j]) {
-          s.digit = top - j;
-          s.needed = needed - above;
-        }
-        above += counts[j];
-      }
-    }
-    __syncthreads();
-    prefix |= s.digit << shift;
-    mask |= digit_mask << shift;
-    needed = s.needed;
-    // The next write of digit/needed, of the scan storage or of the histogram comes after at
-    // least one more barrier.
+    finish_search<KeyBits, candidate_digit_bits>(shared_keys{s.candidates}, search.matching, low,
+                                                 search, s.candidate_histogram, s);
+  } else {
+    finish_search<KeyBits, chunk_digit_bits>(key_of, length, low, search, s.histogram, s);
   }
-  return {prefix, needed};
+  __syncthreads();  // the candidates and the histogram are no longer read
+  return {search.prefix, search.needed};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -183,9 +307,6 @@ struct emit_storage {
   std::uint32_t equal[block_warps];  // keys equal to it
 };
 
-/// Words (of 32 candidates) whose keys a warp loads at once when it emits.
-inline constexpr int emit_batch = 4;
-
 __device__ inline std::uint32_t warp_sum(std::uint32_t value) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2)
@@ -193,31 +314,70 @@ __device__ inline std::uint32_t warp_sum(std::uint32_t value) {
   return value;
 }
 
-/// Calls `visit(i, in_range, keep, slot)` for the candidates [begin, end) in index order within
-/// each warp. `slot` counts the kept candidates before `i` since the start of the selection;
-/// `above_before` / `equal_before` count the keys above / equal to the cut before `begin`.
-/// Every warp takes one segment of whole 32-candidate words, in order: it counts its keys above
-/// and equal to the cut, the block adds up the counts of the warps before it, and then it walks its
-/// segment a word at a time, where two votes and their popcounts give every kept candidate its
-/// slot — no block-wide scan per word. A visitor is called by all 32 lanes together (it may vote);
-/// lane 0 holds the word's first candidate when `begin` is a multiple of 32. Reads every key
-/// twice; called by every thread of the block; at most 2^32 - 1 candidates.
+__device__ inline std::uint32_t warp_inclusive_sum(std::uint32_t value) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const std::uint32_t lower = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane >= static_cast<unsigned>(offset)) value += lower;
+  }
+  return value;
+}
+
+/// Which of the four candidates i .. i+3 before `end` are above the cut (bit j for i + j) and which
+/// equal to it. (The bits are masked to the range afterwards: nvcc 13.0 compiled the form
+/// `(i + j < end && key > cut) << j` wrongly in some instantiations, setting the above bits from
+/// the equality test.)
+template <class Key, class KeyOf>
+__device__ inline void compare_four(const KeyOf& key_of, cut<Key> c, std::uint64_t i,
+                                    std::uint64_t end, std::uint32_t& above_bits,
+                                    std::uint32_t& equal_bits) {
+  Key keys[4];
+  load_four_keys(key_of, i, end, keys);
+  above_bits = equal_bits = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    above_bits |= (keys[j] > c.key ? 1u : 0u) << j;
+    equal_bits |= (keys[j] == c.key ? 1u : 0u) << j;
+  }
+  const std::uint32_t in_range = i < end ? (1u << (end - i < 4 ? end - i : 4)) - 1u : 0u;
+  above_bits &= in_range;
+  equal_bits &= in_range;
+}
+
+/// Candidates a warp emits at once: four per lane.
+inline constexpr std::uint32_t emit_group = 128;
+
+/// Calls `visit(first, valid, keep, slot)` for the candidates [begin, end) in groups of four:
+/// `first` is the group's first candidate, `valid` how many of the four exist (0 to 4), `keep`
+/// which are kept (bit j for first + j) and `slot` how many candidates are kept before `first`
+/// since the start of the selection; `above_before` / `equal_before` count the keys above /
+/// equal to the cut before `begin`. Every warp takes one segment of whole 128-candidate groups,
+/// in order: it counts its keys above and equal to the cut, the block adds up the counts of the
+/// warps before it, and then it walks its segment 128 candidates at a time, lane l holding
+/// candidates 4l .. 4l+3, where one warp scan of (equal, above) counts gives every lane its slot —
+/// no block-wide scan per group. A visitor is called by all 32 lanes together (it may shuffle);
+/// lanes 8w .. 8w+7 hold 32-candidate word w of the group. Reads every key twice; called by
+/// every thread of the block; `begin` a multiple of 128 for key sources with `four`; at most
+/// 2^32 - 1 candidates.
 template <class Key, class KeyOf, class Visit>
 __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
                               std::uint64_t end, std::uint64_t above_before,
                               std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
   const std::uint64_t length = end - begin;
-  const std::uint64_t segment = (length + 32 * block_warps - 1) / (32 * block_warps) * 32;
+  const std::uint64_t segment =
+      (length + emit_group * block_warps - 1) / (emit_group * block_warps) * emit_group;
   const std::uint64_t first = begin + (warp * segment < length ? warp * segment : length);
   const std::uint64_t last =
       begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
 
   std::uint32_t above = 0, equal = 0;
-  for (std::uint64_t i = first + lane; i < last; i += 32) {
-    const Key key = key_of(i);
-    above += key > c.key;
-    equal += key == c.key;
+  for (std::uint64_t i = first + 4 * lane; i < last; i += emit_group) {
+    std::uint32_t above_bits, equal_bits;
+    compare_four(key_of, c, i, last, above_bits, equal_bits);
+    above += __popc(above_bits);
+    equal += __popc(equal_bits);
   }
   above = warp_sum(above);
   equal = warp_sum(equal);
@@ -230,35 +390,43 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
     above_before += s.above[w];
     equal_before += s.equal[w];
   }
-  const std::uint32_t lanes_below = (1u << lane) - 1u;
-  // A batch of words at a time, every key of the batch loaded before the first is written out.
-  for (std::uint64_t batch = first; batch < last; batch += 32 * emit_batch) {
-    Key keys[emit_batch];
+  for (std::uint64_t group = first; group < last; group += emit_group) {  // uniform in the warp
+    const std::uint64_t i = group + 4 * lane;
+    const unsigned valid = i < last ? (last - i < 4 ? static_cast<unsigned>(last - i) : 4u) : 0u;
+    std::uint32_t above_bits, equal_bits;
+    compare_four(key_of, c, i, last, above_bits, equal_bits);
+    // Both counts in one scan: at most 128 each per group.
+    const std::uint32_t counts = (__popc(equal_bits) << 16) | __popc(above_bits);
+    const std::uint32_t inclusive = warp_inclusive_sum(counts);
+    const std::uint32_t before = inclusive - counts;
+    const std::uint64_t lane_above = above_before + (before & 0xffffu);
+    const std::uint64_t lane_equal = equal_before + (before >> 16);
+    // The ties kept are the first ones: those of rank below c.ties.
+    std::uint32_t keep = above_bits;
+    std::uint64_t rank = lane_equal;
 #pragma unroll
-    for (int j = 0; j < emit_batch; ++j) {
-      const std::uint64_t i = batch + 32 * j + lane;
-      keys[j] = i < last ? key_of(i) : Key{0};
+    for (int j = 0; j < 4; ++j) {
+      if ((equal_bits >> j) & 1u) {
+        if (rank < c.ties) keep |= 1u << j;
+        ++rank;
+      }
     }
-#pragma unroll
-    for (int j = 0; j < emit_batch; ++j) {
-      const std::uint64_t word = batch + 32 * j;
-      if (word >= last) break;  // uniform across the warp
-      const std::uint64_t i = word + lane;
-      const bool in_range = i < last;
-      const std::uint32_t above_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] > c.key);
-      const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, in_range && keys[j] == c.key);
-      const std::uint64_t equal_rank = equal_before + __popc(equal_lanes & lanes_below);
-      const bool keep =
-          ((above_lanes >> lane) & 1u) || (((equal_lanes >> lane) & 1u) && equal_rank < c.ties);
-      // The ties kept before i are the first ones: min(equal keys before i, ties).
-      const std::uint64_t slot = above_before + __popc(above_lanes & lanes_below) +
-                                 (equal_rank < c.ties ? equal_rank : c.ties);
-      visit(i, in_range, keep, slot);
-      above_before += __popc(above_lanes);
-      equal_before += __popc(equal_lanes);
-    }
+    visit(i, valid, keep, lane_above + (lane_equal < c.ties ? lane_equal : c.ties));
+    const std::uint32_t total = __shfl_sync(0xffffffffu, inclusive, 31);
+    above_before += total & 0xffffu;
+    equal_before += total >> 16;
   }
   __syncthreads();  // before the counts are written again
+}
+
+/// Calls `f(i, slot)` for each kept candidate of a group of four, in order.
+template <class F>
+__device__ inline void for_each_kept(std::uint64_t first, unsigned keep, std::uint64_t slot,
+                                     const F& f) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    if ((keep >> j) & 1u) f(first + j, slot++);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,8 +441,10 @@ struct value_writer {
   __device__ value_writer at(const cache_layout& layout, std::int64_t chunk) const {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t i, bool, bool keep, std::uint64_t slot) const {
-    if (keep) values[slot] = data[i];
+  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
+                             std::uint64_t slot) const {
+    for_each_kept(first, keep, slot,
+                  [&](std::uint64_t i, std::uint64_t at) { values[at] = data[i]; });
   }
 };
 
@@ -288,11 +458,18 @@ struct bitmask_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             words + layout.mask_word_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t i, bool in_range, bool keep, std::uint64_t slot) const {
-    if (keep) values[slot] = data[i];
-    const std::uint32_t bits = __ballot_sync(0xffffffffu, keep);
-    // Lane 0 holds the word's first candidate: the word exists if that candidate does.
-    if ((threadIdx.x & 31u) == 0 && in_range) words[i / 32] = bits;
+  __device__ void operator()(std::uint64_t first, unsigned valid, unsigned keep,
+                             std::uint64_t slot) const {
+    for_each_kept(first, keep, slot,
+                  [&](std::uint64_t i, std::uint64_t at) { values[at] = data[i]; });
+    // Lanes 8w .. 8w+7 hold the word's 32 candidates, four each: their bits OR-ed together.
+    const unsigned part = threadIdx.x & 7u;
+    std::uint32_t word = keep << (4 * part);
+#pragma unroll
+    for (int offset = 1; offset < 8; offset *= 2)
+      word |= __shfl_xor_sync(0xffffffffu, word, offset);
+    // The word exists if its first candidate does.
+    if (part == 0 && valid > 0) words[first / 32] = word;
   }
 };
 
@@ -306,11 +483,12 @@ struct offset_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             offsets + layout.values_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t i, bool, bool keep, std::uint64_t slot) const {
-    if (keep) {
-      values[slot] = data[i];
-      offsets[slot] = static_cast<Offset>(i);
-    }
+  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
+                             std::uint64_t slot) const {
+    for_each_kept(first, keep, slot, [&](std::uint64_t i, std::uint64_t at) {
+      values[at] = data[i];
+      offsets[at] = static_cast<Offset>(i);
+    });
   }
 };
 
@@ -326,16 +504,26 @@ struct dense_writer {
     return {values + layout.values_begin(chunk), out + layout.chunk_begin(chunk), layout.rescale,
             layout.value_scale(chunk)};
   }
-  __device__ void operator()(std::uint64_t i, bool in_range, bool keep, std::uint64_t slot) const {
-    if (in_range) out[i] = keep ? densified<Out>(values[slot], rescale, scale) : Out{};
+  __device__ void operator()(std::uint64_t first, unsigned valid, unsigned keep,
+                             std::uint64_t slot) const {
+#pragma unroll
+    for (unsigned j = 0; j < 4; ++j) {
+      if (j >= valid) break;
+      const bool kept = (keep >> j) & 1u;
+      out[first + j] = kept ? densified<Out>(values[slot], rescale, scale) : Out{};
+      slot += kept;
+    }
   }
 };
 
 /// The ascending list of kept candidates (channels).
 struct index_writer {
   std::uint32_t* list;
-  __device__ void operator()(std::uint64_t i, bool, bool keep, std::uint64_t slot) const {
-    if (keep) list[slot] = static_cast<std::uint32_t>(i);
+  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
+                             std::uint64_t slot) const {
+    for_each_kept(first, keep, slot, [&](std::uint64_t i, std::uint64_t at) {
+      list[at] = static_cast<std::uint32_t>(i);
+    });
   }
 };
 
