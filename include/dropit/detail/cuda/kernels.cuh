@@ -323,12 +323,6 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
 /// longest chunk of the chunked selections).
 inline constexpr std::int64_t max_chunk_mask_words = std::int64_t{1} << 11;
 
-/// Four consecutive elements, stored with one vector store.
-template <class Out>
-struct alignas(4 * sizeof(Out)) four_elements {
-  Out element[4];
-};
-
 /// Writes every element of a bitmask cache whose chunks have at most max_chunk_mask_words words,
 /// in one launch: one block per chunk (the chunk's values start at values_begin, so no scan
 /// crosses chunks). The block loads the chunk's words once and scans their popcounts; then each
@@ -371,20 +365,20 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
     Out* chunk_out = out + layout.chunk_begin(chunk);
     const float scale = layout.value_scale(chunk);
     const bool aligned =
-        reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_elements<Out>) == 0;
+        reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_items<Out>) == 0;
     for (std::uint32_t e = threadIdx.x * 4; e < length; e += block_threads * 4) {
       const std::uint32_t word = word_bits[e / 32], bit = e % 32;  // the 4 share the word
       std::uint32_t slot = word_first[e / 32] + __popc(word & ((1u << bit) - 1u));
-      four_elements<Out> result{};
+      four_items<Out> result{};
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         if ((word >> (bit + j)) & 1u)
-          result.element[j] = densified<Out>(chunk_values[slot++], layout.rescale, scale);
+          result.item[j] = densified<Out>(chunk_values[slot++], layout.rescale, scale);
       if (aligned && e + 4 <= length) {
-        *reinterpret_cast<four_elements<Out>*>(chunk_out + e) = result;
+        *reinterpret_cast<four_items<Out>*>(chunk_out + e) = result;
       } else {
         for (std::uint32_t j = 0; j < 4 && e + j < length; ++j)
-          chunk_out[e + j] = result.element[j];
+          chunk_out[e + j] = result.item[j];
       }
     }
     __syncthreads();  // before the words of the next chunk are written

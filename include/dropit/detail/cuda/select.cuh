@@ -31,8 +31,8 @@ struct cut {
 // ---------------------------------------------------------------------------------------------
 // Keys.
 
-/// Four consecutive items of an array, loaded at once (from an index that is a multiple of 4, the
-/// array aligned to four items).
+/// Four consecutive items of an array, loaded or stored at once (from an index that is a multiple
+/// of 4, the array aligned to four items).
 template <class Item>
 struct alignas(4 * sizeof(Item)) four_items {
   Item item[4];
