@@ -35,6 +35,14 @@ class _CachingLayer:
         self.dropit_policy = functional._policy_of(dropit_policy, fields)
         self._dropit_arguments = self.dropit_policy.arguments(self._channel_axis, 0)
         self._policy_arguments = _C.PolicyArguments(*self._dropit_arguments)
+        self._draws_keys = self.dropit_policy.policy == "random"
+
+    def _parameter(self, name: str):
+        """``getattr(self, name)`` without nn.Module.__getattr__ for a registered parameter
+        (a Python function, called only after the ordinary lookup fails: a cost a small layer's
+        call notices). Anything else (a parametrization's property) is read as usual."""
+        parameters = self._parameters
+        return parameters[name] if name in parameters else getattr(self, name)
 
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         """(tensor, cached) for each tensor the layer reads for its weight gradient in a call on
@@ -43,7 +51,7 @@ class _CachingLayer:
 
     def _learns(self) -> bool:
         """Whether a weight the layer caches its input for needs a gradient."""
-        return self.weight.requires_grad
+        return self._parameter("weight").requires_grad
 
     # Set by convert's skip_first on a layer found fed by the model's own input in the model's
     # first forward (the model may be wrapped by then, so the layer stays): it runs dense.
@@ -65,7 +73,7 @@ class _CachingLayer:
         torch.utils.checkpoint, which restores the generator, recomputes the positions first
         drawn. The other policies do not depend on the call."""
         key = None
-        if self.dropit_policy.policy == "random":
+        if self._draws_keys:
             key = torch.randint(2**62, (), dtype=torch.int64, device="cpu")
         direct = functional._DIRECT.get(operator)
         if direct is not None and functional._direct(arguments):
@@ -115,12 +123,13 @@ class Linear(_LinearLayer, nn.Linear):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._parameter("weight"), self._parameter("bias")
         if not self._caches():
-            return F.linear(input, self.weight, self.bias)
-        output = _reuse.linear_reusing_input(input, self.weight, self.bias)
+            return F.linear(input, weight, bias)
+        output = _reuse.linear_reusing_input(input, weight, bias)
         if output is not None:
             return output
-        return self._call(functional._linear, input, self.weight, self.bias)
+        return self._call(functional._linear, input, weight, bias)
 
 
 class TransposedLinear(_LinearLayer, nn.Module):
@@ -175,13 +184,18 @@ class _Convolution(_CachingLayer):
         mode = "constant" if self.padding_mode == "zeros" else self.padding_mode
         return (mode, tuple(pads)), (0,) * len(before)
 
+    @staticmethod
+    def _pre_padded(input: torch.Tensor, pre_pad) -> torch.Tensor:
+        """``input`` with the padding ``_explicit_padding`` applies first: what the layer caches."""
+        if pre_pad is None:
+            return input
+        mode, pads = pre_pad
+        return F.pad(input, pads, mode=mode)
+
     def _padded(self, input: torch.Tensor):
         """(the input the layer caches, the zero padding its convolution adds)."""
         pre_pad, padding = self._explicit_padding()
-        if pre_pad is not None:
-            mode, pads = pre_pad
-            input = F.pad(input, pads, mode=mode)
-        return input, padding
+        return self._pre_padded(input, pre_pad), padding
 
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         if input.dim() == len(self.kernel_size) + 1:
@@ -191,8 +205,9 @@ class _Convolution(_CachingLayer):
         return [(self._padded(input)[0], True)]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._parameter("weight"), self._parameter("bias")
         if not self._caches():
-            return self._conv_forward(input, self.weight, self.bias)
+            return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
         if input.dim() == dims + 1:  # unbatched, as torch accepts
             return self.forward(input.unsqueeze(0)).squeeze(0)
@@ -202,13 +217,11 @@ class _Convolution(_CachingLayer):
                              f"or {dims + 1} (unbatched)")
         pre_pad, padding = self._explicit_padding()
         if pre_pad is None:
-            output = _reuse.convolution_recomputing_input(input, self.weight, self.bias,
-                                                          self.stride, padding, self.dilation,
-                                                          self.groups)
+            output = _reuse.convolution_recomputing_input(input, weight, bias, self.stride,
+                                                          padding, self.dilation, self.groups)
             if output is not None:
                 return output
-        input, padding = self._padded(input)
-        return self._convolve(input, padding)
+        return self._convolve(self._pre_padded(input, pre_pad), weight, bias, padding)
 
 
 class Conv1d(_Convolution, nn.Conv1d):
@@ -219,26 +232,25 @@ class Conv1d(_Convolution, nn.Conv1d):
         return [(read.unsqueeze(2), cached)
                 for read, cached in super()._weight_gradient_inputs(input)]
 
-    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
-        return self._call(functional._conv2d, input.unsqueeze(2), self.weight.unsqueeze(2),
-                          self.bias, (1, *self.stride), (0, *padding), (1, *self.dilation),
+    def _convolve(self, input: torch.Tensor, weight, bias, padding) -> torch.Tensor:
+        return self._call(functional._conv2d, input.unsqueeze(2), weight.unsqueeze(2), bias,
+                          (1, *self.stride), (0, *padding), (1, *self.dilation),
                           self.groups).squeeze(2)
 
 
 class Conv2d(_Convolution, nn.Conv2d):
     """``torch.nn.Conv2d`` that caches its input compactly."""
 
-    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
-        return self._call(functional._conv2d, input, self.weight, self.bias, self.stride,
-                          padding, self.dilation, self.groups)
+    def _convolve(self, input: torch.Tensor, weight, bias, padding) -> torch.Tensor:
+        return self._call(functional._conv2d, input, weight, bias, self.stride, padding,
+                          self.dilation, self.groups)
 
 
 class Conv3d(_Convolution, nn.Conv3d):
     """``torch.nn.Conv3d`` that caches its input compactly. dropit has no sparse 3-D weight
     gradient: backward densifies the cache and runs torch's own convolution backward on it."""
 
-    def _convolve(self, input: torch.Tensor, padding) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
+    def _convolve(self, input: torch.Tensor, weight, bias, padding) -> torch.Tensor:
         device = input.device.type
         if torch.is_autocast_enabled(device):  # as torch's conv3d: the autocast dtype, cache too
             dtype = torch.get_autocast_dtype(device)

@@ -99,7 +99,7 @@ at::Tensor linear_weight_grad_kernel(const at::Tensor& values, const at::Tensor&
                                      c10::string_view path,
                                      const std::optional<at::Tensor>& call_key) {
   return raising_value_errors([&] {
-    return dt::linear_weight_grad(cache_of(values, positions, layout, call_key), dz.contiguous(),
+    return dt::linear_weight_grad(cache_of(values, positions, layout, call_key), dz,
                                   dt::weight_grad_path_from_name(path));
   });
 }
@@ -111,8 +111,7 @@ at::Tensor conv2d_weight_grad_kernel(const at::Tensor& values, const at::Tensor&
                                      std::int64_t groups, c10::string_view path,
                                      const std::optional<at::Tensor>& call_key) {
   return raising_value_errors([&] {
-    return dt::conv2d_weight_grad(cache_of(values, positions, layout, call_key), dz.contiguous(),
-                                  weight_size,
+    return dt::conv2d_weight_grad(cache_of(values, positions, layout, call_key), dz, weight_size,
                                   dt::conv2d_params_of(stride, padding, dilation, groups),
                                   dt::weight_grad_path_from_name(path));
   });
@@ -292,10 +291,22 @@ at::Tensor conv2d_autograd(const at::Tensor& input, const at::Tensor& weight,
   });
 }
 
+/// Whether dropit's ReLU takes `input`: a floating type it stores, on a device this build runs on
+/// (others get torch's ReLU).
+bool relu_supported(const at::Tensor& input) {
+  const at::ScalarType type = input.scalar_type();
+  const bool stored_type = type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+#if defined(DROPIT_TORCH_CUDA)
+  const bool device = input.is_cpu() || input.is_cuda();
+#else
+  const bool device = input.is_cpu();
+#endif
+  return stored_type && device;
+}
+
 at::Tensor relu_autograd(const at::Tensor& input) {
-  const bool supported = input.scalar_type() == at::kFloat || input.scalar_type() == at::kHalf ||
-                         input.scalar_type() == at::kBFloat16;
-  if (!(at::GradMode::is_enabled() && input.requires_grad() && supported)) return at::relu(input);
+  if (!(at::GradMode::is_enabled() && input.requires_grad() && relu_supported(input)))
+    return at::relu(input);
   return raising_value_errors(
       [&] { return dt::basic_relu_function<operator_cache_ops>::apply(input); });
 }

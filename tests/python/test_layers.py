@@ -371,3 +371,29 @@ def test_layers_keep_torch_state_dicts():
     layer.load_state_dict(dense.state_dict())
     assert torch.equal(layer.weight, dense.weight)
     assert isinstance(layer, nn.Conv2d) and isinstance(dropit.nn.Linear(2, 3), nn.Linear)
+
+
+@pytest.mark.parametrize("layer_type", [dropit.nn.Linear, dropit.nn.Conv2d])
+def test_parametrized_weight_is_read_through_its_parametrization(layer_type):
+    """A layer reads a registered parameter from the module's registry; a weight under
+    torch.nn.utils.parametrize is a property instead, and must still be computed and trained
+    through (at gamma 0 the gradients are torch's for the same parametrized layer)."""
+    torch.manual_seed(0)
+    dense = nn.Linear(6, 5) if layer_type is dropit.nn.Linear else nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 6) if layer_type is dropit.nn.Linear else torch.randn(2, 3, 5, 5)
+
+    class Doubled(nn.Module):
+        def forward(self, weight):
+            return 2 * weight
+
+    layer, reference = make_pair(dense, gamma=0.0)
+    for module in (layer, reference):
+        nn.utils.parametrize.register_parametrization(module, "weight", Doubled())
+    dy = torch.randn_like(reference(x))
+    outputs = [module(x) for module in (layer, reference)]
+    assert_close(outputs[0], outputs[1])
+    for output in outputs:
+        output.backward(dy)
+    original = [m.parametrizations.weight.original for m in (layer, reference)]
+    assert_close(original[0].grad, original[1].grad)
+    assert_close(layer.bias.grad, reference.bias.grad)

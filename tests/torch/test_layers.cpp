@@ -377,6 +377,41 @@ TEST_CASE("torch: Conv2d at gamma > 0: dW from the densified cache, dX from the 
   }
 }
 
+// The layers pass dZ on with the strides it comes with (the gradient of a sum is an expanded
+// scalar, a channels-last model's is channels-last): both weight-gradient paths must read it as
+// torch reads it, against the dense formula dW = dZᵀ · densify(cache) on the same cache.
+TEST_CASE("torch: weight gradients take dZ of any strides") {
+  dropit::policy_spec spec;
+  spec.gamma = 0.5;
+  spec.chunk_size = 16;
+  const dt::saved_cache rows = dt::compress(::torch::randn({6, 4}), spec);
+  const dt::saved_cache image = dt::compress(::torch::randn({2, 4, 5, 5}), spec);
+  const std::vector<at::Tensor> linear_dz{::torch::randn({3, 6}).t(),
+                                          ::torch::full({}, 0.5).expand({6, 3})};
+  const std::vector<at::Tensor> conv_dz{
+      ::torch::randn({2, 6, 3, 3}).contiguous(at::MemoryFormat::ChannelsLast),
+      ::torch::full({}, 0.5).expand({2, 6, 3, 3})};
+  const at::Tensor dense_rows = dt::densify(rows), dense_image = dt::densify(image);
+  for (const auto path : {dt::weight_grad_path::sparse, dt::weight_grad_path::densify}) {
+    const std::string path_name(dt::name_of(path));
+    CAPTURE(path_name);
+    for (const at::Tensor& dz : linear_dz) {
+      REQUIRE_FALSE(dz.is_contiguous());
+      const at::Tensor want = dz.t().matmul(dense_rows);
+      CHECK(at::allclose(dt::linear_weight_grad(rows, dz, path), want, 1e-5, 1e-6));
+    }
+    for (const at::Tensor& dz : conv_dz) {
+      REQUIRE_FALSE(dz.is_contiguous());
+      const at::Tensor weight = ::torch::zeros({6, 4, 3, 3});
+      const at::Tensor want = std::get<1>(
+          at::convolution_backward(dz.contiguous(), dense_image, weight, c10::nullopt, {1, 1},
+                                   {0, 0}, {1, 1}, false, {0, 0}, 1, {false, true, false}));
+      CHECK(at::allclose(dt::conv2d_weight_grad(image, dz, {6, 4, 3, 3}, {}, path), want, 1e-5,
+                         1e-6));
+    }
+  }
+}
+
 // LibTorch 1.13's autograd::Function::apply rejects undefined tensor arguments (such as the bias of
 // a bias-free layer): the adapters must pass the absent bias some other way.
 TEST_CASE("torch: Linear and Conv2d without bias train like torch's") {

@@ -123,25 +123,28 @@ struct basic_linear_function : public ::torch::autograd::Function<basic_linear_f
     dropit::detail::expect(
         input_shape.rank >= 1 && input_shape[input_shape.rank - 1] == in_features,
         "linear input of shape ", input_shape, " does not end in ", in_features, " features");
-    ctx->saved_data["has_bias"] = bias.defined();
     const typename CacheOps::cache_type cache =
         weight.requires_grad() ? CacheOps::compress(input, spec) : typename CacheOps::cache_type{};
     CacheOps::save(ctx, weight, weight.requires_grad() ? &cache : nullptr);
     return at::linear(input, weight, bias);
   }
 
+  // dZ is read with the strides it comes with (the gradient of a sum is an expanded scalar):
+  // torch's kernels take any, and the sparse weight gradient makes its own contiguous copy. A
+  // missing bias has no gradient edge, so needs_input_grad(2) is false for it.
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
                                                    ::torch::autograd::variable_list grads) {
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& weight = saved[0];
-    const at::Tensor dz = grads[0].contiguous();
+    const at::Tensor& dz = grads[0];
     // A 1-D input is a single row: dZ [N_out] is then its own bias gradient.
-    const at::Tensor dz_rows = dz.reshape({-1, compat::static_sizes(dz).back()});
+    const at::Tensor dz_rows = as_rows(dz, compat::static_sizes(dz).back());
     at::Tensor d_input, d_weight, d_bias;
-    if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
+    if (ctx->needs_input_grad(0))
+      d_input = dz.dim() == 2 ? at::mm(dz, weight) : at::matmul(dz, weight);
     if (ctx->needs_input_grad(1))
       d_weight = CacheOps::linear_weight_grad(CacheOps::load(ctx, saved), dz_rows);
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
+    if (ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
     return {d_input, d_weight, d_bias, at::Tensor()};
   }
 };
@@ -161,7 +164,6 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
     const std::int64_t weight_channels = compat::static_sizes(weight).at(1) * params.groups;
     dropit::detail::expect(input_sizes[1] == weight_channels, "conv2d input has ", input_sizes[1],
                            " channels; the weight expects ", weight_channels);
-    ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = input_sizes;
     detail::save_conv2d_params(ctx, params);
     const typename CacheOps::cache_type cache =
@@ -176,6 +178,8 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
                                                    ::torch::autograd::variable_list grads) {
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& weight = saved[0];
+    // Contiguous, unlike linear's: torch's 16-bit convolution kernels round differently in another
+    // memory format, and the gradients must not depend on the format dZ arrives in.
     const at::Tensor dz = grads[0].contiguous();
     const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
     const conv2d_params params = detail::load_conv2d_params(ctx);
@@ -196,8 +200,7 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
       if (want_input) d_input = conv2d_input_grad(dz, weight, input_sizes, params);
       if (want_weight) d_weight = CacheOps::conv2d_weight_grad(cache, dz, weight_size, params);
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
-      d_bias = dz.sum({0, 2, 3});
+    if (ctx->needs_input_grad(2)) d_bias = dz.sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };

@@ -400,6 +400,7 @@ inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask
 
 /// A valid cache on `dz`'s device and of its dtype.
 inline void expect_matches_cache(const saved_cache& cache, const at::Tensor& dz) {
+  dropit::detail::expect(dz.defined(), "dZ is an undefined tensor");
   cache.validate();
   dropit::detail::expect(cache.values.device() == dz.device(), "cache is on ",
                          cache.values.device(), " but dZ on ", dz.device());
@@ -496,15 +497,28 @@ inline at::ScalarType accumulation_type(const at::Tensor& dz) {
   return dz.device().is_cpu() ? at::kFloat : dz.scalar_type();
 }
 
+// Two helpers that skip a dispatched call where it would change nothing (on small layers the
+// calls, not the arithmetic, are the cost).
+
+/// `t` in dtype `type`.
+inline at::Tensor in_type(const at::Tensor& t, at::ScalarType type) {
+  return t.scalar_type() == type ? t : t.to(type);
+}
+
+/// `t` [..., width] as rows [-1, width].
+inline at::Tensor as_rows(const at::Tensor& t, std::int64_t width) {
+  return t.dim() == 2 ? t : t.reshape({-1, width});
+}
+
 /// The cost model's view of a conv2d with weight `weight_size`.
 inline weight_grad_layer conv2d_layer(at::IntArrayRef weight_size, const conv2d_params& params) {
   return {true, weight_size[0] / params.groups, weight_size[2] * weight_size[3]};
 }
 
-/// dW [N_out, K] of a linear layer whose input was cached in `input`, from `dz` [..., N_out].
+/// dW [N_out, K] of a linear layer whose input was cached in `input`, from `dz` [..., N_out] of
+/// any strides (the sparse kernel reads a contiguous copy; torch's kernel takes it as it is).
 inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor& dz,
                                      weight_grad_path path = weight_grad_path::automatic) {
-  expect_usable(dz, "dZ");
   expect_matches_cache(input, dz);
   dropit::detail::expect(dz.dim() >= 1, "dZ must have rank >= 1, got shape ", shape_of(dz));
   // A rank-0 layout has no feature axis: the core check names it.
@@ -515,10 +529,11 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
   if (resolve_weight_grad_path(path, input.layout, {false, out_features}, dz.device()) ==
       weight_grad_path::densify) {
     const at::ScalarType type = accumulation_type(dz);
-    return at::mm(dz.reshape({-1, out_features}).t().to(type),
-                  densify(input).reshape({-1, in_features}).to(type))
-        .to(dz.scalar_type());
+    return in_type(at::mm(in_type(as_rows(dz, out_features).t(), type),
+                          in_type(as_rows(densify(input), in_features), type)),
+                   dz.scalar_type());
   }
+  const at::Tensor dz_dense = dz.contiguous();
   at::Tensor dw = at::empty({out_features, in_features}, dz.options());
   on_device_of(dz, "dZ", [&](const auto& backend) {
     visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
@@ -526,7 +541,7 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
       at::Tensor memory = allocate_workspace(
           linear_weight_grad_workspace_bytes<T>(backend, input.layout, shape_of(dz), shape_of(dw)),
           dz);
-      dropit::linear_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
+      dropit::linear_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz_dense, "dZ"),
                                     mutable_view<T>(dw, "dW"), grad_mode::overwrite,
                                     span_of(memory));
     });
@@ -597,11 +612,11 @@ inline at::Tensor conv2d_input_grad(const at::Tensor& dz, const at::Tensor& weig
   }
 }
 
-/// dW of a conv2d whose input was cached in `input`, for a weight of `weight_size`.
+/// dW of a conv2d whose input was cached in `input`, for a weight of `weight_size`; `dz` of any
+/// strides or memory format, as in linear_weight_grad.
 inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor& dz,
                                      at::IntArrayRef weight_size, const conv2d_params& params,
                                      weight_grad_path path = weight_grad_path::automatic) {
-  expect_usable(dz, "dZ");
   expect_matches_cache(input, dz);
   dropit::detail::check_conv2d(input.layout, shape_of(dz), dropit::shape(weight_size), params);
   if (resolve_weight_grad_path(path, input.layout, conv2d_layer(weight_size, params), dz.device()) ==
@@ -609,10 +624,12 @@ inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor&
     // The weight's values are not read; only its shape is.
     const at::ScalarType type = accumulation_type(dz);
     const at::Tensor weight = at::empty(weight_size, dz.options().dtype(type));
-    return std::get<1>(dense_conv2d_backward(dz.to(type), densify(input).to(type), weight, params,
-                                             {false, true, false}))
-        .to(dz.scalar_type());
+    return in_type(std::get<1>(dense_conv2d_backward(in_type(dz, type),
+                                                     in_type(densify(input), type), weight, params,
+                                                     {false, true, false})),
+                   dz.scalar_type());
   }
+  const at::Tensor dz_dense = dz.contiguous();
   at::Tensor dw = at::empty(weight_size, dz.options());
   on_device_of(dz, "dZ", [&](const auto& backend) {
     visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
@@ -621,7 +638,7 @@ inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor&
           allocate_workspace(conv2d_weight_grad_workspace_bytes<T>(
                                  backend, input.layout, shape_of(dz), shape_of(dw), params),
                              dz);
-      dropit::conv2d_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz, "dZ"),
+      dropit::conv2d_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz_dense, "dZ"),
                                     mutable_view<T>(dw, "dW"), params, grad_mode::overwrite,
                                     span_of(memory));
     });
