@@ -209,7 +209,6 @@ struct RecomputedInputLinearFunction
                             const at::Tensor& weight, const at::Tensor& bias_argument,
                             const detail::recomputable_input& recomputable) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    ctx->saved_data["has_bias"] = bias.defined();
     detail::save_weight_and_recipe(ctx, weight, recomputable);
     return at::linear(input, weight, bias);
   }
@@ -226,7 +225,8 @@ struct RecomputedInputLinearFunction
       const at::Tensor input = detail::recompute_input(ctx, saved);
       d_weight = dz_rows.t().mm(input.reshape({-1, compat::static_sizes(input).back()}));
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
+    // A missing bias has no gradient edge: needs_input_grad(2) is false for it.
+    if (ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
     return {d_input, d_weight, d_bias, at::Tensor()};
   }
 };
@@ -240,7 +240,6 @@ struct RecomputedInputConv2dFunction
                             const conv2d_params& params,
                             const detail::recomputable_input& recomputable) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    ctx->saved_data["has_bias"] = bias.defined();
     ctx->saved_data["input_sizes"] = compat::static_sizes(input);
     detail::save_conv2d_params(ctx, params);
     detail::save_weight_and_recipe(ctx, weight, recomputable);
@@ -262,8 +261,7 @@ struct RecomputedInputConv2dFunction
       d_input = conv2d_input_grad(grads[0].contiguous(), weight,
                                   ctx->saved_data["input_sizes"].toIntVector(), params);
     }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2))
-      d_bias = grads[0].sum({0, 2, 3});
+    if (ctx->needs_input_grad(2)) d_bias = grads[0].sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };
