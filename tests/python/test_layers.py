@@ -279,18 +279,24 @@ def test_relu_saves_one_bit_per_element(device):
     assert dense.retained_bytes == output_bytes
 
 
-@pytest.mark.parametrize("padding,mode", [("same", "zeros"), (1, "reflect"), (2, "circular")])
-def test_padded_conv_weight_grad_is_dense_formula_on_the_padded_cache(padding, mode):
+# Each padding as F.pad applies it (last dimension first): 'same' for a 4-wide kernel pads 1
+# before and 2 after, as torch's own layer does. The layer caches the padded input.
+@pytest.mark.parametrize("padding,mode,pads,pad_mode", [
+    ("same", "zeros", (1, 2, 1, 2), "constant"),
+    (1, "reflect", (1, 1, 1, 1), "reflect"),
+    (2, "circular", (2, 2, 2, 2), "circular")])
+def test_padded_conv_weight_grad_is_dense_formula_on_the_padded_cache(padding, mode, pads,
+                                                                      pad_mode):
     layer = dropit.nn.Conv2d(3, 5, 4, padding=padding, padding_mode=mode, gamma=0.7,
                              chunk_size=64)
     x = torch.randn(2, 3, 10, 9)
     y = layer(x)
     dy = torch.randn_like(y)
     y.backward(dy)
-    padded, conv_padding = layer._padded(x)
+    padded = F.pad(x, pads, mode=pad_mode)
     kept = dropit.functional.densify(dropit.functional.compress(padded, gamma=0.7, chunk_size=64))
     w = layer.weight.detach().clone().requires_grad_(True)
-    F.conv2d(kept, w, None, layer.stride, conv_padding, layer.dilation, layer.groups).backward(dy)
+    F.conv2d(kept, w, None, layer.stride, 0, layer.dilation, layer.groups).backward(dy)
     assert_close(layer.weight.grad, w.grad)
 
 
