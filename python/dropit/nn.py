@@ -147,13 +147,14 @@ class TransposedLinear(_LinearLayer, nn.Module):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight, bias = self._parameter("weight"), self._parameter("bias")
         if not self._caches():  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
-            return torch.addmm(self.bias, input.view(-1, input.size(-1)), self.weight).view(shape)
-        output = _reuse.linear_reusing_input(input, self.weight.t(), self.bias)
+            return torch.addmm(bias, input.view(-1, input.size(-1)), weight).view(shape)
+        output = _reuse.linear_reusing_input(input, weight.t(), bias)
         if output is not None:
             return output
-        return self._call(functional._linear, input, self.weight.t(), self.bias)
+        return self._call(functional._linear, input, weight.t(), bias)
 
     def extra_repr(self) -> str:
         return f"nf={self.nf}, nx={self.nx}, {self._policy_repr()}"

@@ -169,6 +169,7 @@ template <int Bins, class KeyOf>
 __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
                            std::uint32_t digit_mask, cut_search& search, std::uint32_t* histogram,
                            block_select_storage& s) {
+  static_assert(Bins % block_threads == 0, "every thread scans the same number of bins");
   for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
   __syncthreads();
   // Every key of a batch is loaded before the first is counted: the loads overlap instead of
