@@ -9,8 +9,8 @@
 // - select_chunks: one block per chunk: the chunk staged in shared memory (one read, 16-byte
 //   asynchronous copies), block_select (an 11-bit radix histogram pass in shared memory over
 //   every key, then 8-bit passes over the keys of the bin holding the cut) then emit_selected
-//   (four candidates per lane), writing values and bitmask / offsets, or the dense chunk of a
-//   seeded cache.
+//   (128 candidates per warp at a time, in four rounds of one ballot each), writing values and
+//   bitmask / offsets, or the dense chunk of a seeded cache.
 // - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
 //   8-bit MSB radix passes; each pass builds a global 256-bin histogram (per-block shared
 //   histograms folded with one atomic per non-empty bin), then one block picks the digit holding

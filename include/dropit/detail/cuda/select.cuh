@@ -7,9 +7,9 @@
 // `ties` keys equal to it. `block_select` finds the cut of one chunk inside one block by MSB radix
 // passes over shared-memory histograms: 11 bits over every key, then the rest over the few keys
 // of the bin that holds the cut; `emit_selected` then gives each warp a segment of the candidates
-// in index order, four per lane, and one warp scan per 128 candidates gives every kept candidate
-// its output slot, so writers store values and positions in ascending position order with no
-// further coordination.
+// in index order, 128 at a time in four rounds of 32 consecutive ones: a round's keep bits are one
+// warp ballot, which is its bitmask word and, with popcounts, every kept candidate's output slot,
+// so writers store values and positions in ascending position order with no further coordination.
 
 #include <cub/block/block_scan.cuh>
 
@@ -243,23 +243,31 @@ __device__ void finish_search(const KeyOf& key_of, std::uint32_t length, int low
   }
 }
 
+/// Candidates a warp takes at once when it walks a range (collect_candidates, emit_selected): four
+/// rounds of 32 consecutive ones, lane l holding candidates group + l, group + 32 + l, ... — each
+/// round's loads are coalesced (conflict-free in shared memory) and its votes are one ballot.
+inline constexpr int emit_rounds = 4;
+inline constexpr std::uint32_t emit_group = 32 * emit_rounds;
+
+__device__ inline std::uint32_t lanes_below_mask() { return (1u << (threadIdx.x & 31u)) - 1u; }
+
 /// Appends the keys matching the search's prefix to `s.candidates` (in no particular order).
 /// Called by every thread of the block; there must be room for every matching key.
 template <class KeyOf>
 __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
                                    const cut_search& search, block_select_storage& s) {
   const unsigned lane = threadIdx.x & 31u;
-  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  const std::uint32_t lanes_below = lanes_below_mask();
   // Warp by warp, so that all 32 lanes take part in every vote.
-  for (std::uint32_t group = 4 * (threadIdx.x & ~31u); group < length; group += 4 * block_threads) {
-    const std::uint32_t i = group + 4 * lane;
-    std::uint32_t keys[4];
-    load_four_keys(key_of, i, length, keys);
-    std::uint32_t votes[4], total = 0;
+  for (std::uint32_t group = emit_group * (threadIdx.x / 32); group < length;
+       group += emit_group * (block_threads / 32)) {
+    std::uint32_t keys[emit_rounds], votes[emit_rounds], total = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      votes[j] =
-          __ballot_sync(0xffffffffu, i + j < length && (keys[j] & search.mask) == search.prefix);
+    for (int j = 0; j < emit_rounds; ++j) {
+      const std::uint32_t i = group + 32 * j + lane;
+      const bool exists = i < length;
+      keys[j] = key_of(exists ? i : 0u);  // loads without a branch, so that they overlap
+      votes[j] = __ballot_sync(0xffffffffu, exists && (keys[j] & search.mask) == search.prefix);
       total += __popc(votes[j]);
     }
     if (total == 0) continue;  // uniform across the warp
@@ -267,7 +275,7 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
     if (lane == 0) slot = atomicAdd(&s.candidate_count, total);
     slot = __shfl_sync(0xffffffffu, slot, 0);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
+    for (int j = 0; j < emit_rounds; ++j) {
       if ((votes[j] >> lane) & 1u) s.candidates[slot + __popc(votes[j] & lanes_below)] = keys[j];
       slot += __popc(votes[j]);
     }
@@ -315,52 +323,37 @@ __device__ inline std::uint32_t warp_sum(std::uint32_t value) {
   return value;
 }
 
-__device__ inline std::uint32_t warp_inclusive_sum(std::uint32_t value) {
-  const unsigned lane = threadIdx.x & 31u;
+/// One group of candidates as emit_selected hands it to a visitor (called by all 32 lanes of the
+/// warp together). Round j of the group is the 32 candidates first + 32 j .. first + 32 j + 31;
+/// this lane holds candidate first + `offset(j)` of each round.
+struct emitted_group {
+  std::uint64_t first;  // the group's first candidate
+  std::uint64_t slot;   // slots taken before the group since the selection's start
+  std::uint32_t count;  // candidates of the group that exist (128 but in a segment's last group)
+  std::uint32_t kept[emit_rounds];    // bit l: candidate first + 32 j + l is kept (the same in
+                                      // every lane: round j's bitmask word)
+  std::uint32_t before[emit_rounds];  // kept candidates of the group before this lane's in round j
+
+  __device__ static std::uint32_t offset(int j) { return 32 * j + (threadIdx.x & 31u); }
+  __device__ bool exists(int j) const { return offset(j) < count; }
+  __device__ bool is_kept(int j) const { return (kept[j] >> (threadIdx.x & 31u)) & 1u; }
+  /// Round `lane`'s bitmask word in lanes 0 .. 3 (a select, not an indexed register array).
+  __device__ std::uint32_t word_of_lane() const {
+    const unsigned lane = threadIdx.x & 31u;
+    std::uint32_t word = kept[0];
 #pragma unroll
-  for (int offset = 1; offset < 32; offset *= 2) {
-    const std::uint32_t lower = __shfl_up_sync(0xffffffffu, value, offset);
-    if (lane >= static_cast<unsigned>(offset)) value += lower;
+    for (int j = 1; j < emit_rounds; ++j) word = lane == static_cast<unsigned>(j) ? kept[j] : word;
+    return word;
   }
-  return value;
-}
+};
 
-/// Which of the four candidates i .. i+3 before `end` are above the cut (bit j for i + j) and which
-/// equal to it. (The bits are masked to the range afterwards: nvcc 13.0 compiled the form
-/// `(i + j < end && key > cut) << j` wrongly in some instantiations, setting the above bits from
-/// the equality test.)
-template <class Key, class KeyOf>
-__device__ inline void compare_four(const KeyOf& key_of, cut<Key> c, std::uint64_t i,
-                                    std::uint64_t end, std::uint32_t& above_bits,
-                                    std::uint32_t& equal_bits) {
-  Key keys[4];
-  load_four_keys(key_of, i, end, keys);
-  above_bits = equal_bits = 0;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    above_bits |= (keys[j] > c.key ? 1u : 0u) << j;
-    equal_bits |= (keys[j] == c.key ? 1u : 0u) << j;
-  }
-  const std::uint32_t in_range = i < end ? (1u << (end - i < 4 ? end - i : 4)) - 1u : 0u;
-  above_bits &= in_range;
-  equal_bits &= in_range;
-}
-
-/// Candidates a warp emits at once: four per lane.
-inline constexpr std::uint32_t emit_group = 128;
-
-/// Calls `visit(first, valid, keep, slot)` for the candidates [begin, end) in groups of four:
-/// `first` is the group's first candidate, `valid` how many of the four exist (0 to 4), `keep`
-/// which are kept (bit j for first + j) and `slot` how many candidates are kept before `first`
-/// since the start of the selection; `above_before` / `equal_before` count the keys above /
-/// equal to the cut before `begin`. Every warp takes one segment of whole 128-candidate groups,
-/// in order: it counts its keys above and equal to the cut, the block adds up the counts of the
-/// warps before it, and then it walks its segment 128 candidates at a time, lane l holding
-/// candidates 4l .. 4l+3, where one warp scan of (equal, above) counts gives every lane its slot —
-/// no block-wide scan per group. A visitor is called by all 32 lanes together (it may shuffle);
-/// lanes 8w .. 8w+7 hold 32-candidate word w of the group. Reads every key twice; called by
-/// every thread of the block; `begin` a multiple of 128 for key sources with `four`; at most
-/// 2^32 - 1 candidates.
+/// Calls `visit(group)` (an emitted_group) for the candidates [begin, end), 128 at a time and in
+/// order; `above_before` / `equal_before` count the keys above / equal to the cut before `begin`.
+/// Every warp takes one segment of whole 128-candidate groups: it counts its keys above and equal
+/// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
+/// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
+/// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
+/// a multiple of 32 for bitmask writers; segments of at most 2^32 - 1 candidates.
 template <class Key, class KeyOf, class Visit>
 __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
                               std::uint64_t end, std::uint64_t above_before,
@@ -372,13 +365,20 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
   const std::uint64_t first = begin + (warp * segment < length ? warp * segment : length);
   const std::uint64_t last =
       begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
+  // Offsets within the segment are 32-bit.
+  const auto count = static_cast<std::uint32_t>(last - first);
+  const std::uint32_t lanes_below = lanes_below_mask();
 
   std::uint32_t above = 0, equal = 0;
-  for (std::uint64_t i = first + 4 * lane; i < last; i += emit_group) {
-    std::uint32_t above_bits, equal_bits;
-    compare_four(key_of, c, i, last, above_bits, equal_bits);
-    above += __popc(above_bits);
-    equal += __popc(equal_bits);
+  for (std::uint32_t group = 0; group < count; group += emit_group) {
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j) {
+      const std::uint32_t offset = group + 32 * j + lane;
+      const bool exists = offset < count;
+      const Key key = key_of(first + (exists ? offset : 0u));  // no branch: the loads overlap
+      above += exists && key > c.key ? 1u : 0u;
+      equal += exists && key == c.key ? 1u : 0u;
+    }
   }
   above = warp_sum(above);
   equal = warp_sum(equal);
@@ -391,43 +391,45 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
     above_before += s.above[w];
     equal_before += s.equal[w];
   }
-  for (std::uint64_t group = first; group < last; group += emit_group) {  // uniform in the warp
-    const std::uint64_t i = group + 4 * lane;
-    const unsigned valid = i < last ? (last - i < 4 ? static_cast<unsigned>(last - i) : 4u) : 0u;
-    std::uint32_t above_bits, equal_bits;
-    compare_four(key_of, c, i, last, above_bits, equal_bits);
-    // Both counts in one scan: at most 128 each per group.
-    const std::uint32_t counts = (__popc(equal_bits) << 16) | __popc(above_bits);
-    const std::uint32_t inclusive = warp_inclusive_sum(counts);
-    const std::uint32_t before = inclusive - counts;
-    const std::uint64_t lane_above = above_before + (before & 0xffffu);
-    const std::uint64_t lane_equal = equal_before + (before >> 16);
-    // The ties kept are the first ones: those of rank below c.ties.
-    std::uint32_t keep = above_bits;
-    std::uint64_t rank = lane_equal;
+  for (std::uint32_t group = 0; group < count; group += emit_group) {  // uniform in the warp
+    emitted_group g;
+    g.first = first + group;
+    g.count = count - group < emit_group ? count - group : emit_group;
+    std::uint32_t equal_votes[emit_rounds], above_total = 0, equal_total = 0;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if ((equal_bits >> j) & 1u) {
-        if (rank < c.ties) keep |= 1u << j;
-        ++rank;
+    for (int j = 0; j < emit_rounds; ++j) {
+      const std::uint32_t offset = group + 32 * j + lane;
+      const bool exists = offset < count;
+      const Key key = key_of(first + (exists ? offset : 0u));
+      g.kept[j] = __ballot_sync(0xffffffffu, exists && key > c.key);
+      equal_votes[j] = __ballot_sync(0xffffffffu, exists && key == c.key);
+      above_total += __popc(g.kept[j]);
+      equal_total += __popc(equal_votes[j]);
+    }
+    // The ties kept are the first ones: those of rank below c.ties. (Rare: a cut's key is
+    // usually held by one candidate of the chunk.)
+    if (equal_total != 0 && equal_before < c.ties) {  // uniform in the warp
+      std::uint64_t rank = equal_before;
+#pragma unroll
+      for (int j = 0; j < emit_rounds; ++j) {
+        const bool tie = (equal_votes[j] >> lane) & 1u;
+        g.kept[j] |=
+            __ballot_sync(0xffffffffu, tie && rank + __popc(equal_votes[j] & lanes_below) < c.ties);
+        rank += __popc(equal_votes[j]);
       }
     }
-    visit(i, valid, keep, lane_above + (lane_equal < c.ties ? lane_equal : c.ties));
-    const std::uint32_t total = __shfl_sync(0xffffffffu, inclusive, 31);
-    above_before += total & 0xffffu;
-    equal_before += total >> 16;
+    std::uint32_t kept_before = 0;
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j) {
+      g.before[j] = kept_before + __popc(g.kept[j] & lanes_below);
+      kept_before += __popc(g.kept[j]);
+    }
+    g.slot = above_before + (equal_before < c.ties ? equal_before : c.ties);
+    visit(g);
+    above_before += above_total;
+    equal_before += equal_total;
   }
   __syncthreads();  // before the counts are written again
-}
-
-/// Calls `f(i, slot)` for each kept candidate of a group of four, in order.
-template <class F>
-__device__ inline void for_each_kept(std::uint64_t first, unsigned keep, std::uint64_t slot,
-                                     const F& f) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    if ((keep >> j) & 1u) f(first + j, slot++);
-  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -442,10 +444,12 @@ struct value_writer {
   __device__ value_writer at(const cache_layout& layout, std::int64_t chunk) const {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
-                             std::uint64_t slot) const {
-    for_each_kept(first, keep, slot,
-                  [&](std::uint64_t i, std::uint64_t at) { values[at] = data[i]; });
+  __device__ void operator()(const emitted_group& g) const {
+    const T* in = data + g.first;  // 32-bit offsets from the group's first candidate and slot
+    T* out = values + g.slot;
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j)
+      if (g.is_kept(j)) out[g.before[j]] = in[g.offset(j)];
   }
 };
 
@@ -459,18 +463,12 @@ struct bitmask_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             words + layout.mask_word_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t first, unsigned valid, unsigned keep,
-                             std::uint64_t slot) const {
-    for_each_kept(first, keep, slot,
-                  [&](std::uint64_t i, std::uint64_t at) { values[at] = data[i]; });
-    // Lanes 8w .. 8w+7 hold the word's 32 candidates, four each: their bits OR-ed together.
-    const unsigned part = threadIdx.x & 7u;
-    std::uint32_t word = keep << (4 * part);
-#pragma unroll
-    for (int offset = 1; offset < 8; offset *= 2)
-      word |= __shfl_xor_sync(0xffffffffu, word, offset);
-    // The word exists if its first candidate does.
-    if (part == 0 && valid > 0) words[first / 32] = word;
+  __device__ void operator()(const emitted_group& g) const {
+    value_writer<T>{data, values}(g);
+    // Lane j < 4 stores round j's ballot, word j of the group, if its first candidate exists.
+    const unsigned lane = threadIdx.x & 31u;
+    const std::uint32_t word = g.word_of_lane();
+    if (lane < emit_rounds && 32 * lane < g.count) words[g.first / 32 + lane] = word;
   }
 };
 
@@ -484,12 +482,14 @@ struct offset_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             offsets + layout.values_begin(chunk)};
   }
-  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
-                             std::uint64_t slot) const {
-    for_each_kept(first, keep, slot, [&](std::uint64_t i, std::uint64_t at) {
-      values[at] = data[i];
-      offsets[at] = static_cast<Offset>(i);
-    });
+  __device__ void operator()(const emitted_group& g) const {
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j) {
+      if (g.is_kept(j)) {
+        values[g.slot + g.before[j]] = data[g.first + g.offset(j)];
+        offsets[g.slot + g.before[j]] = static_cast<Offset>(g.first + g.offset(j));
+      }
+    }
   }
 };
 
@@ -505,14 +505,13 @@ struct dense_writer {
     return {values + layout.values_begin(chunk), out + layout.chunk_begin(chunk), layout.rescale,
             layout.value_scale(chunk)};
   }
-  __device__ void operator()(std::uint64_t first, unsigned valid, unsigned keep,
-                             std::uint64_t slot) const {
+  __device__ void operator()(const emitted_group& g) const {
+    const T* in = values + g.slot;
+    Out* dense = out + g.first;
 #pragma unroll
-    for (unsigned j = 0; j < 4; ++j) {
-      if (j >= valid) break;
-      const bool kept = (keep >> j) & 1u;
-      out[first + j] = kept ? densified<Out>(values[slot], rescale, scale) : Out{};
-      slot += kept;
+    for (int j = 0; j < emit_rounds; ++j) {
+      if (g.exists(j))
+        dense[g.offset(j)] = g.is_kept(j) ? densified<Out>(in[g.before[j]], rescale, scale) : Out{};
     }
   }
 };
@@ -520,11 +519,11 @@ struct dense_writer {
 /// The ascending list of kept candidates (channels).
 struct index_writer {
   std::uint32_t* list;
-  __device__ void operator()(std::uint64_t first, unsigned, unsigned keep,
-                             std::uint64_t slot) const {
-    for_each_kept(first, keep, slot, [&](std::uint64_t i, std::uint64_t at) {
-      list[at] = static_cast<std::uint32_t>(i);
-    });
+  __device__ void operator()(const emitted_group& g) const {
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j)
+      if (g.is_kept(j))
+        list[g.slot + g.before[j]] = static_cast<std::uint32_t>(g.first + g.offset(j));
   }
 };
 
