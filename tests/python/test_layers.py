@@ -163,12 +163,26 @@ def test_conv2d_weight_grad_is_dense_formula_on_densified_cache(policy, gamma, d
     assert not torch.allclose(weight.grad, w_ref.grad, atol=1e-3)
 
 
+def strided(dz, layout):
+    """``dz``'s values with the given strides: as they are, transposed in memory (channels last
+    for 4-D), or one row broadcast over the first axis (stride 0), as ``y.sum().backward()`` and
+    ``expand`` hand a backward."""
+    if layout == "transposed":
+        if dz.dim() == 4:
+            return dz.contiguous(memory_format=torch.channels_last)
+        return dz.t().contiguous().t()
+    if layout == "expanded":
+        return dz[:1].expand_as(dz)
+    return dz
+
+
 @pytest.mark.parametrize("path", ["sparse", "densify", "auto"])
 @pytest.mark.parametrize("gamma", [0.5, 0.9, 0.99])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, device):
+@pytest.mark.parametrize("dz_layout", ["contiguous", "transposed", "expanded"])
+def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, dz_layout, device):
     x = torch.randn(42, 32, device=device, dtype=dtype)
-    dz = torch.randn(42, 24, device=device, dtype=dtype)
+    dz = strided(torch.randn(42, 24, device=device, dtype=dtype), dz_layout)
     cache = dropit.functional.compress(x, gamma=gamma, chunk_size=64)
     kept = dropit.functional.densify(cache).float()
     dw = torch.ops.dropit.linear_weight_grad(cache.values, cache.positions, cache.layout, dz, path)
@@ -178,7 +192,7 @@ def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, device)
     x = torch.randn(2, 6, 10, 9, device=device, dtype=dtype)
     weight = torch.randn(8, 3, 3, 3, device=device)
     conv = dict(stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2)
-    dz = torch.randn_like(F.conv2d(x.float(), weight, None, **conv)).to(dtype)
+    dz = strided(torch.randn_like(F.conv2d(x.float(), weight, None, **conv)).to(dtype), dz_layout)
     cache = dropit.functional.compress(x, gamma=gamma, chunk_size=64)
     kept = dropit.functional.densify(cache).float()
     w_formula = weight.clone().requires_grad_(True)
@@ -187,6 +201,27 @@ def test_every_weight_grad_path_is_the_dense_formula(path, gamma, dtype, device)
                                       list(weight.shape), **conv, path=path)
     assert dw.dtype == dtype
     assert_close(dw, w_formula.grad, dtype)
+
+
+@pytest.mark.parametrize("dense", [nn.Linear(48, 40), nn.Conv2d(4, 6, 3, padding=1)],
+                         ids=["linear", "conv2d"])
+def test_layers_take_dz_of_any_strides(dense, device):
+    """``y.sum().backward()`` hands the backward a dZ of stride 0; a transposed dZ has no unit
+    stride on its last axis: the layers' gradients equal torch's for both."""
+    dense = dense.to(device)
+    shape = (3, 5, 48) if isinstance(dense, nn.Linear) else (2, 4, 7, 6)
+    x = torch.randn(shape, device=device)
+    for layout in ["expanded", "transposed"]:
+        dense.zero_grad(set_to_none=True)  # the dropit layer shares its parameters
+        layer, reference = make_pair(dense, gamma=0.0)
+        dy = torch.randn_like(reference(x))
+        dy = dy.transpose(-1, -2).contiguous().transpose(-1, -2) if layout == "transposed" else \
+            dy[:1].expand_as(dy)
+        y_ref, dx_ref = run(reference, x, dy)
+        y, dx = run(layer, x, dy)
+        assert_close(dx, dx_ref)
+        assert_close(layer.weight.grad, reference.weight.grad)
+        assert_close(layer.bias.grad, reference.bias.grad)
 
 
 def test_layers_reading_one_tensor_share_its_cache(device):
