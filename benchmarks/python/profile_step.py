@@ -8,7 +8,9 @@ Tables (Markdown):
 - each dropit operator (anything whose name holds "dropit", forward and backward, outermost only):
   calls, kernels per call, host time per call, device time per call, share of the step's device
   time;
-- the top kernels of the dropit step by device time (on the CPU: the top operators by self time).
+- the top kernels of the dropit step by device time (on the CPU: the top operators by self time);
+- the kernels (operators) whose time differs most between the two steps: where the converted
+  step's extra device time goes, and what it saves.
 
     python3 benchmarks/python/profile_step.py --device cuda [--model resnet18] [--output profile.md]
     python3 benchmarks/python/profile_step.py --batch 4 --size 32       # a quick look on the CPU
@@ -145,25 +147,48 @@ def report(model_name, shape, device, gamma, dense, converted):
               f"{sum(v[2] for v in per_op.values()) / 1e3:.2f} ms of host time (their own and "
               "what they call)."]
 
+    what = "kernels" if device == "cuda" else "operators"
+    unit = "device time" if device == "cuda" else "self CPU time"
+    dense_by, converted_by = time_by_name(dense, device), time_by_name(converted, device)
+    lines += ["", f"| top {what} (dropit step) | calls | {unit} (ms) | share |",
+              "|---|---:|---:|---:|"]
+    total = max(sum(us for _, us in converted_by.values()), 1e-9)
+    for name, (calls, us) in sorted(converted_by.items(), key=lambda item: -item[1][1])[:15]:
+        lines.append(f"| `{name[:90]}` | {calls} | {us / 1e3:.3f} | {100 * us / total:.1f} % |")
+
+    lines += ["", f"| {what} that differ most (dropit − dense) | dense calls | dense ms | "
+              "dropit calls | dropit ms | difference (ms) |", "|---|---:|---:|---:|---:|---:|"]
+    for name, difference, (dense_calls, dense_us), (calls, us) in step_differences(
+            dense_by, converted_by)[:15]:
+        lines.append(f"| `{name[:90]}` | {dense_calls} | {dense_us / 1e3:.3f} | {calls} | "
+                     f"{us / 1e3:.3f} | {difference / 1e3:+.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def time_by_name(run, device):
+    """{name: [calls, µs]}: each kernel's device time on CUDA, each operator's self CPU time on the
+    CPU."""
+    by_name = {}
     if device == "cuda":
-        lines += ["", "| top kernels (dropit step) | calls | device time (ms) | share |",
-                  "|---|---:|---:|---:|"]
-        by_kernel = {}
-        for event in converted["events"]:
+        for event in run["events"]:
             for k in event.kernels:
-                entry = by_kernel.setdefault(k.name, [0, 0.0])
+                entry = by_name.setdefault(k.name, [0, 0.0])
                 entry[0] += 1
                 entry[1] += k.duration
-        for name, (calls, us) in sorted(by_kernel.items(), key=lambda item: -item[1][1])[:15]:
-            lines.append(f"| `{name[:90]}` | {calls} | {us / 1e3:.3f} | "
-                         f"{100 * us / total_device:.1f} % |")
     else:
-        lines += ["", "| top operators (dropit step, self CPU time) | calls | self ms |",
-                  "|---|---:|---:|"]
-        averages = converted["prof"].key_averages()
-        for avg in sorted(averages, key=lambda a: -a.self_cpu_time_total)[:15]:
-            lines.append(f"| `{avg.key[:90]}` | {avg.count} | {avg.self_cpu_time_total / 1e3:.2f} |")
-    return "\n".join(lines) + "\n"
+        for avg in run["prof"].key_averages():
+            by_name[avg.key] = [avg.count, avg.self_cpu_time_total]
+    return by_name
+
+
+def step_differences(dense_by, converted_by):
+    """[(name, dropit µs − dense µs, dense [calls, µs], dropit [calls, µs])], largest difference in
+    either direction first."""
+    rows = []
+    for name in dense_by.keys() | converted_by.keys():
+        dense_entry, entry = dense_by.get(name, [0, 0.0]), converted_by.get(name, [0, 0.0])
+        rows.append((name, entry[1] - dense_entry[1], tuple(dense_entry), tuple(entry)))
+    return sorted(rows, key=lambda row: -abs(row[1]))
 
 
 def main():

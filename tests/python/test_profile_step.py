@@ -53,3 +53,19 @@ def test_profile_counts_one_call_per_converted_layer_each_way(device):
     text = profile_step.report("resnet18", "batch 2, 32²", device.type, 0.9,
                                profile_step.profiled_step(model, x, y, device.type, warmup=1), run)
     assert f"| `dropit::conv2d` | {expected['conv2d']} |" in text
+
+    # The differences between the steps: every name of either, each its own difference, and the
+    # dropit operators absent from the dense step.
+    dense_by = {"a": [2, 10.0], "b": [1, 5.0]}
+    converted_by = {"a": [2, 4.0], "c": [3, 7.0]}
+    assert profile_step.step_differences(dense_by, converted_by) == [
+        ("c", 7.0, (0, 0.0), (3, 7.0)), ("a", -6.0, (2, 10.0), (2, 4.0)),
+        ("b", -5.0, (1, 5.0), (0, 0.0))]
+    assert "that differ most (dropit − dense)" in text
+    differences = profile_step.step_differences(
+        profile_step.time_by_name(profile_step.profiled_step(model, x, y, device.type, warmup=1),
+                                  device.type),
+        profile_step.time_by_name(run, device.type))
+    if device.type == "cpu":
+        dropit_rows = [row for row in differences if row[0] == "dropit::conv2d"]
+        assert dropit_rows and dropit_rows[0][2] == (0, 0.0) and dropit_rows[0][3][0] == 19
