@@ -67,7 +67,7 @@ def regions(body):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("csv", help="ncu --page source --print-source sass --csv output")
-    parser.add_argument("--output", help="markdown file (default: standard output)")
+    parser.add_argument("--output", help="also write the table to this Markdown file")
     parser.add_argument("--min-share", type=float, default=0.5,
                         help="smallest share of the executed instructions listed, in percent")
     args = parser.parse_args()
@@ -89,11 +89,10 @@ def main():
             f"{region['per'] / 1e3:.1f} k | {share:.1f} % | "
             f"{100 * region['stalls'] / all_stalls:.1f} % | {', '.join(sorted(region['ops']))} |")
     text = "\n".join(lines) + "\n"
+    sys.stdout.write(text)
     if args.output:
         with open(args.output, "w") as f:
             f.write(text)
-    else:
-        sys.stdout.write(text)
 
 
 if __name__ == "__main__":
