@@ -122,6 +122,29 @@ TEST_CASE_TEMPLATE("cuda: chunk sizes from 1 to 2^16, ties everywhere", T, float
     }
 }
 
+// The kept ties end exactly where one of the emit's 128-candidate groups ends (and, with 2048,
+// where a warp's segment of a 16384-element chunk ends), more ties follow, and the keys above the
+// cut lie in later segments: the groups and warps after the last kept tie keep none of theirs.
+TEST_CASE_TEMPLATE("cuda: kept ties ending at an emit group or warp segment boundary", T, float,
+                   dropit::half, dropit::bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t d = 16384;
+  for (const double gamma : {0.9, 0.5}) {
+    const policy<chunked_min_k_selection> p{{gamma, d}};
+    const std::vector<T> zeros(d, T{});
+    const std::int64_t k = compress(serial, p, test::view_of(zeros, {d})).layout().kept_per_chunk;
+    for (const std::int64_t kept_ties : {std::int64_t{128}, std::int64_t{2048}}) {
+      if (kept_ties > k) continue;
+      CAPTURE(gamma);
+      CAPTURE(kept_ties);
+      std::vector<T> x(d, test::make<T>(0.25));
+      for (std::int64_t i = 0; i < 2 * kept_ties; ++i) x[i] = test::make<T>(1.0);
+      for (std::int64_t i = 0; i < k - kept_ties; ++i) x[d / 2 + i] = test::make<T>(2.0);
+      check_parity(x, {d}, p, gpu);
+    }
+  }
+}
+
 TEST_CASE("cuda: work on the caller's stream") {
   cudaStream_t stream = nullptr;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -82,7 +82,8 @@ struct staged_keys {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Selection inside one block (32-bit keys, at most 2^32 - 1 candidates).
+// Selection inside one block (32-bit keys, under 2^32 - 2048 candidates: the passes step 32-bit
+// indices by up to 2048; chunks hold at most 2^16).
 
 /// Adds to `histogram[bin]` one for every lane of the warp holding `bin` (lanes holding
 /// `radix_bins` count nowhere), with one shared-memory atomic per distinct bin: magnitudes of one
@@ -353,7 +354,8 @@ struct emitted_group {
 /// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
 /// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
 /// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
-/// a multiple of 32 for bitmask writers; segments of at most 2^32 - 1 candidates.
+/// a multiple of 32 for bitmask writers; a warp's segment under 2^32 - 128 candidates (its 32-bit
+/// group offsets would wrap; chunks hold at most 2^16, spans 2^14).
 template <class Key, class KeyOf, class Visit>
 __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
                               std::uint64_t end, std::uint64_t above_before,
