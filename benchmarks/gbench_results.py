@@ -1,10 +1,12 @@
-"""Reading Google Benchmark JSON output, shared by the benchmarks' report writers.
+"""Reading Google Benchmark JSON output, and writing a report's table, shared by the benchmarks'
+report writers.
 
 One entry per case: the median aggregate when the file holds aggregates (else the mean), otherwise
 the average of the reported runs. Standard library only.
 """
 
 import json
+import sys
 from collections import OrderedDict
 
 UNIT_TO_MS = {"ns": 1e-6, "us": 1e-3, "ms": 1.0, "s": 1e3}
@@ -62,3 +64,11 @@ def load(path):
             entry["real_time"] = sum(r["real_time"] for r in runs[name]) / len(runs[name])
         cases[name] = entry
     return data.get("context", {}), cases
+
+
+def write_report(text, output=None):
+    """Prints a report's text and, given ``output``, writes it to that file too."""
+    sys.stdout.write(text)
+    if output:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)

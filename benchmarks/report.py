@@ -250,13 +250,8 @@ def main():
     context, cases = load(args.results)
     if not cases:
         sys.exit(f"report.py: no benchmarks in {args.results}")
-    text = report(context, cases, args.label or context.get("cpu_model", "?"), args.lscpu,
-                  args.results)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    else:
-        sys.stdout.write(text)
+    gbench_results.write_report(report(context, cases, args.label or context.get("cpu_model", "?"),
+                                       args.lscpu, args.results), args.output)
 
 
 if __name__ == "__main__":

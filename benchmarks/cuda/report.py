@@ -128,11 +128,7 @@ def main():
            "on the dense input with PyTorch's default math (TF32 allowed for float). Target: "
            f"≤ {GEMM_TARGET:.2f}× cuDNN.", ""]
     md += table(["path", "dtype", "γ", "layer", "ms", "cuDNN ms", "× cuDNN", "target"], conv_rows)
-    text = "\n".join(md) + "\n"
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
-    print(text)
+    gbench_results.write_report("\n".join(md) + "\n", args.output)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,11 @@ kernel costs what, and to compare two versions of it.
 
 import argparse
 import csv
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import gbench_results  # noqa: E402  (benchmarks/gbench_results.py: write_report)
 
 NOTABLE = ("ATOMS", "ATOM", "RED", "LDS", "STS", "LDG", "STG", "LDGSTS", "SHFL", "VOTE", "VOTEU",
            "POPC", "MATCH", "BAR", "REDUX")
@@ -88,11 +92,7 @@ def main():
             f"| {region['first']}–{region['last']} | {region['count']} | "
             f"{region['per'] / 1e3:.1f} k | {share:.1f} % | "
             f"{100 * region['stalls'] / all_stalls:.1f} % | {', '.join(sorted(region['ops']))} |")
-    text = "\n".join(lines) + "\n"
-    sys.stdout.write(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    gbench_results.write_report("\n".join(lines) + "\n", args.output)
 
 
 if __name__ == "__main__":

@@ -180,11 +180,7 @@ def main():
     parser.add_argument("--output")
     args = parser.parse_args()
     context, cases = gbench_results.load(args.results)
-    text = report(context, cases, args.label)
-    sys.stdout.write(text)
-    if args.output:
-        with open(args.output, "w") as f:
-            f.write(text)
+    gbench_results.write_report(report(context, cases, args.label), args.output)
 
 
 if __name__ == "__main__":
