@@ -31,6 +31,11 @@ namespace dropit {
 /// the device current when the call is made.
 struct cuda_backend {
   cudaStream_t stream = nullptr;
+  /// Set by a caller that guarantees every operand is memory of the current device (the LibTorch
+  /// adapters: each tensor is on the device they make current, checked or allocated there). The
+  /// entry points then skip their driver query per operand (`cudaPointerGetAttributes`), a host
+  /// cost of every call; left false, a pointer the device cannot read is refused with its name.
+  bool operands_on_current_device = false;
 };
 
 namespace detail {
@@ -39,9 +44,9 @@ template <>
 struct backend_ops<cuda_backend> {
   static constexpr const char* name = "CUDA";
 
-  static void expect_accessible(const cuda_backend&, const void* pointer, std::size_t bytes,
+  static void expect_accessible(const cuda_backend& backend, const void* pointer, std::size_t bytes,
                                 const char* what) {
-    cuda::expect_device_accessible(pointer, bytes, what);
+    if (!backend.operands_on_current_device) cuda::expect_device_accessible(pointer, bytes, what);
   }
 
   template <storage_type T>

@@ -78,12 +78,15 @@ inline constexpr const char* supported_devices =
 
 /// The backend for tensors on `t`'s device. The CPU backend uses torch's intra-op thread count, so
 /// dropit and the dense layers it replaces run on the same threads; the CUDA backend runs on
-/// torch's current stream of that device, so work is ordered with torch's own kernels.
+/// torch's current stream of that device, so work is ordered with torch's own kernels. Every
+/// adapter checks that its tensors share `t`'s device (or allocates them there), which
+/// on_device_of makes current: the CUDA backend need not ask the driver where each one lives.
 inline device_backend backend_for(const at::Tensor& t, const char* what) {
   if (t.device().is_cpu()) return cpu_backend{at::get_num_threads()};
 #if defined(DROPIT_TORCH_CUDA)
   if (t.device().is_cuda())
-    return cuda_backend{c10::cuda::getCurrentCUDAStream(t.device().index()).stream()};
+    return cuda_backend{.stream = c10::cuda::getCurrentCUDAStream(t.device().index()).stream(),
+                        .operands_on_current_device = true};
 #endif
   dropit::detail::fail(what, " is on ", t.device().str(), "; this build of dropit::torch supports ",
                        supported_devices);
