@@ -155,6 +155,10 @@ TEST_CASE("cuda: work on the caller's stream") {
   check_parity(x, {n}, policy<min_k_selection>{{0.9}}, gpu);
   check_parity(x, {100, 1000}, policy<random_selection, channel_granularity>{{.gamma = 0.5}, {1}},
                gpu);
+  // A caller that vouches for its operands (as the LibTorch adapters do) gets the same caches.
+  const cuda_backend vouched{.stream = stream, .operands_on_current_device = true};
+  check_parity(x, {n}, policy<chunked_min_k_selection>{{0.9, 4096}}, vouched);
+  check_parity(x, {n}, policy<min_k_selection>{{0.9}}, vouched);
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
