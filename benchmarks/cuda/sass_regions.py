@@ -82,8 +82,8 @@ def main():
         sys.exit(f"{args.csv}: no executed instructions (not an ncu SASS source page?)")
     lines = [f"# Executed instructions by region: `{kernel[:120]}`", "",
              f"{total / 1e6:.2f} M warp-instructions executed in all.", "",
-             "| SASS lines | instructions | executions each | share | stall samples | memory, vote, "
-             "shuffle |", "|---|---:|---:|---:|---:|---|"]
+             "| SASS lines | instructions | executions each | share | share of stall samples | "
+             "memory, vote, shuffle |", "|---|---:|---:|---:|---:|---|"]
     for region in regions(body):
         share = 100 * region["executed"] / total
         if share < args.min_share:
