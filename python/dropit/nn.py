@@ -11,7 +11,7 @@ in eval mode or under ``torch.no_grad`` they run torch's own dense forward.
 import copy
 import functools
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -484,19 +484,46 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
     """``torch.nn.BatchNorm2d`` whose output (or a dropit ReLU's of it) a dropit convolution or
     linear layer recomputes instead of caching. Running statistics move as torch's do; the
     recomputation normalises with what the forward used (the batch's statistics in training,
-    without touching the running ones; the running ones otherwise)."""
+    without touching the running ones; the running ones otherwise). With the batch's statistics
+    that torch's native kernel saved for its backward, the recomputation is one affine pass
+    (torch's kernel rounds it in its own order: equal to the forward's output within the last
+    bit); without them it runs the kernel again."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output = nn.BatchNorm2d.forward(self, input)
         batch_statistics = self.training or not self.track_running_stats
+        statistics = _native_batch_statistics(output) if batch_statistics else None
+        if statistics is not None:
+            return _reuse.mark_recomputable(output, self._normalise, input, *statistics)
         return _reuse.mark_recomputable(output, functools.partial(self._recompute, batch_statistics),
                                         input)
+
+    def _normalise(self, input: torch.Tensor, mean: torch.Tensor,
+                   invstd: torch.Tensor) -> torch.Tensor:
+        """y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), as in the LibTorch
+        module: torch's native kernel in eval mode with mean 0, variance 1 and eps 0."""
+        alpha = invstd if self.weight is None else invstd * self.weight
+        beta = -mean * alpha if self.bias is None else self.bias - mean * alpha
+        return torch.native_batch_norm(input, alpha, beta, torch.zeros_like(alpha),
+                                       torch.ones_like(alpha), False, 0.0, 0.0)[0]
 
     def _recompute(self, batch_statistics: bool, input: torch.Tensor) -> torch.Tensor:
         if batch_statistics:
             return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
         return F.batch_norm(input, self.running_mean, self.running_var, self.weight, self.bias,
                             False, 0.0, self.eps)
+
+
+def _native_batch_statistics(output: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """The batch's mean and inverse standard deviation that torch's native batch-norm kernel saved
+    for the backward of ``output``; None when autograd did not record it, or another kernel
+    (cuDNN's, whose saved statistics follow its own conventions) produced it."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    node = output.grad_fn
+    if node is None or type(node).__name__ != "NativeBatchNormBackward0":
+        return None
+    return node._saved_result1, node._saved_result2
 
 
 class GELU(_Producer, nn.GELU):

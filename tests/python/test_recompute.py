@@ -156,10 +156,31 @@ def test_convolutions_after_batch_norm_and_relu_recompute_their_inputs(memory_fo
     assert 2 * activation <= held <= 2 * activation + 2 * activation // 32 + 4096
     assert dense_held >= 4 * activation
     actual, expected = gradients(model, x), gradients(dense, x)
-    for name in expected:  # torch's kernels on the same tensors: bitwise
-        assert torch.equal(actual[name], expected[name]), name
+    for name in expected:
+        if name in ("3.weight", "6.weight"):
+            # Their inputs recomputed from the batch's statistics in one affine pass, which torch's
+            # kernel rounds in its own order: within rounding of torch's.
+            torch.testing.assert_close(actual[name], expected[name], rtol=0,
+                                       atol=1e-5 * expected[name].abs().max().item())
+        else:  # torch's kernels on the same tensors: bitwise
+            assert torch.equal(actual[name], expected[name]), name
     for (name, a), b in zip(model.named_buffers(), dense.buffers()):
         assert torch.equal(a, b), name  # running statistics move as torch's do
+
+
+def test_recomputation_after_a_batch_norm_in_training_does_not_run_batch_norm_again(monkeypatch):
+    model = conv_stack()
+    x = torch.randn(4, 3, 12, 12)
+    dropit.convert(model, gamma=0.9, example_input=x)
+    loss = model(x).square().sum()
+
+    def batch_norm_again(*args, **kwargs):
+        raise AssertionError("backward ran batch norm again")
+
+    # One affine pass from the statistics torch's kernel saved: no reduction over the batch.
+    monkeypatch.setattr(torch.nn.functional, "batch_norm", batch_norm_again)
+    loss.backward()
+    assert model[3].weight.grad is not None and model[6].weight.grad is not None
 
 
 def test_a_convolution_after_a_frozen_batch_norm_recomputes_with_its_running_statistics():

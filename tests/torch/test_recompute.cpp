@@ -1,7 +1,9 @@
 // A dropit Linear or Conv2d reading the untouched output of a dropit producer (LayerNorm,
 // BatchNorm2d, GELU, SiLU, optionally through a dropit ReLU) caches nothing and recomputes that
 // output in backward from the tensors the producer's own backward keeps: its weight gradient is
-// torch's, bit for bit, whatever gamma is, and after forward only the producers' inputs stay held.
+// torch's, bit for bit (after a BatchNorm in training, which the layer recomputes from the batch's
+// statistics in one pass: within rounding), whatever gamma is, and after forward only the
+// producers' inputs stay held.
 // Where the mark no longer holds (the output changed in place, autocast, recompute off) the layer
 // caches as before.
 
@@ -158,7 +160,7 @@ nn::Sequential make_conv_stack(std::uint64_t seed) {
 
 }  // namespace
 
-TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs, bit for bit") {
+TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs") {
   nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
   const dt::ConvertReport report =
       dt::convert(model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9)));
@@ -178,9 +180,12 @@ TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs
   CHECK(held <= 2 * activation + 2 * activation / 32 + 4096);
   CHECK(dense_held >= 4 * activation);
 
-  // torch's batch-norm and convolution kernels on the same tensors: bit for bit, and the running
+  // Gradients: [x, conv 0, BatchNorm 1 (weight, bias), conv 3, BatchNorm 4 (weight, bias), conv 6
+  // (weight, bias)]. The two convolutions reading a recomputed input agree with torch within
+  // rounding; every other gradient is torch's kernels on the same tensors, bit for bit. The running
   // statistics move as torch's do.
-  check_equal(model_gradients(model, x), model_gradients(dense, x));
+  const std::vector<std::size_t> recomputed{4, 7};
+  check_equal_but_recomputed(model_gradients(model, x), model_gradients(dense, x), recomputed);
   const auto dense_buffers = dense->named_buffers();
   for (const auto& buffer : model->named_buffers()) {
     INFO(buffer.key());
@@ -189,7 +194,8 @@ TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs
 
   SUBCASE("channels_last input") {
     const at::Tensor x_last = x.contiguous(at::MemoryFormat::ChannelsLast);
-    check_equal(model_gradients(model, x_last), model_gradients(dense, x_last));
+    check_equal_but_recomputed(model_gradients(model, x_last), model_gradients(dense, x_last),
+                               recomputed);
   }
   SUBCASE("BatchNorms in eval mode (frozen statistics) inside a model in training") {
     for (auto* net : {&model, &dense})
@@ -268,7 +274,9 @@ TEST_CASE("torch: a checkpoint whose input BatchNorm2d -> ReLU made recomputes i
   CHECK(held >= activation + activation / 32);
   CHECK(held <= activation + activation / 32 + 8192);
   CHECK(dense_held >= 3 * activation);
-  check_equal(model_gradients(model, x), model_gradients(dense, x));
+  // The checkpointed block reruns on the recomputed input, and its input gradient flows back to
+  // the stem: every gradient within rounding.
+  check_equal_but_recomputed(model_gradients(model, x), model_gradients(dense, x), {});
 }
 
 namespace {

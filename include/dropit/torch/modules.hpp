@@ -330,11 +330,16 @@ class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl> {
     recipe.what = detail::producer_recipe::kind::batch_norm;
     recipe.eps = options.eps();
     recipe.batch_statistics = is_training() || !options.track_running_stats();
-    const at::Tensor output =
+    const auto [output, mean, invstd] =
         detail::producer_recipe::batch_norm(input, weight, bias, running_mean, running_var,
                                             recipe.batch_statistics, momentum, options.eps());
+    // The recomputation normalises with what this forward did: the batch's statistics (kept by
+    // torch's backward of this kernel anyway), or the running ones.
     std::vector<at::Tensor> sources{input, weight, bias};
-    if (!recipe.batch_statistics) sources.insert(sources.end(), {running_mean, running_var});
+    if (recipe.batch_statistics)
+      sources.insert(sources.end(), {mean, invstd});
+    else
+      sources.insert(sources.end(), {running_mean, running_var});
     detail::mark_recomputable(output, std::move(recipe), sources);
     return output;
   }

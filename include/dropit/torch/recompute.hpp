@@ -41,7 +41,8 @@ struct producer_recipe {
   bool relu = false;
 
   /// The producer's output. Sources: layer_norm (input, weight, bias); batch_norm (input, weight,
-  /// bias, and running mean and variance unless batch_statistics); gelu and silu (input).
+  /// bias, then the batch's mean and inverse standard deviation if batch_statistics, else the
+  /// running mean and variance); gelu and silu (input).
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output = compute_producer(sources);
     // In place on the fresh producer output: one activation transient in backward, as dense
@@ -49,15 +50,30 @@ struct producer_recipe {
     return relu ? output.relu_() : output;
   }
 
-  /// BatchNorm's forward: torch's kernel (the one torch::nn::BatchNorm2d reaches on the CPU). The
-  /// batch statistics depend on the input alone, so recomputing without running statistics gives
-  /// the forward's output again, and updates nothing.
-  static at::Tensor batch_norm(const at::Tensor& input, const at::Tensor& weight,
-                               const at::Tensor& bias, const at::Tensor& running_mean,
-                               const at::Tensor& running_var, bool batch_statistics,
-                               double momentum, double eps) {
-    return std::get<0>(at::native_batch_norm(input, weight, bias, running_mean, running_var,
-                                             batch_statistics, momentum, eps));
+  /// BatchNorm's forward: torch's kernel (the one torch::nn::BatchNorm2d reaches on the CPU), as
+  /// (output, the batch's mean, its inverse standard deviation); the two statistics are defined
+  /// when `batch_statistics`.
+  static std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm(
+      const at::Tensor& input, const at::Tensor& weight, const at::Tensor& bias,
+      const at::Tensor& running_mean, const at::Tensor& running_var, bool batch_statistics,
+      double momentum, double eps) {
+    return at::native_batch_norm(input, weight, bias, running_mean, running_var, batch_statistics,
+                                 momentum, eps);
+  }
+
+  /// BatchNorm's output again from the statistics its forward normalised with: one affine pass
+  /// y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), where running the kernel in
+  /// training again would first reduce over the batch (3-10x the pass on the CPU). The pass is
+  /// torch's batch-norm kernel in eval mode with mean 0, variance 1 and eps 0 (vectorised per
+  /// channel; an addcmul broadcasting α and β runs 2-3x slower on NCHW). The forward's kernel
+  /// rounds its α, β and y in its own order, so y may differ from the forward's in the last bit.
+  static at::Tensor normalise(const at::Tensor& input, const at::Tensor& weight,
+                              const at::Tensor& bias, const at::Tensor& mean,
+                              const at::Tensor& invstd) {
+    const at::Tensor alpha = weight.defined() ? invstd * weight : invstd;
+    const at::Tensor beta = bias.defined() ? bias - mean * alpha : -mean * alpha;
+    return std::get<0>(batch_norm(input, alpha, beta, at::zeros_like(alpha), at::ones_like(alpha),
+                                  /*batch_statistics=*/false, 0.0, /*eps=*/0.0));
   }
 
   at::Tensor compute_producer(const std::vector<at::Tensor>& sources) const {
@@ -66,9 +82,10 @@ struct producer_recipe {
         return at::layer_norm(sources.at(0), normalized_shape, sources.at(1), sources.at(2), eps);
       case kind::batch_norm:
         return batch_statistics
-                   ? batch_norm(sources.at(0), sources.at(1), sources.at(2), {}, {}, true, 0.0, eps)
-                   : batch_norm(sources.at(0), sources.at(1), sources.at(2), sources.at(3),
-                                sources.at(4), false, 0.0, eps);
+                   ? normalise(sources.at(0), sources.at(1), sources.at(2), sources.at(3),
+                               sources.at(4))
+                   : std::get<0>(batch_norm(sources.at(0), sources.at(1), sources.at(2),
+                                            sources.at(3), sources.at(4), false, 0.0, eps));
       case kind::gelu:
         return at::gelu(sources.at(0), approximate);
       case kind::silu:
