@@ -495,15 +495,21 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
         statistics = _native_batch_statistics(output) if batch_statistics else None
         if statistics is not None:
             return _reuse.mark_recomputable(output, self._normalise, input, *statistics)
-        return _reuse.mark_recomputable(output, functools.partial(self._recompute, batch_statistics),
-                                        input)
+        recompute = functools.partial(self._recompute, batch_statistics)
+        return _reuse.mark_recomputable(output, recompute, input)
 
     def _normalise(self, input: torch.Tensor, mean: torch.Tensor,
                    invstd: torch.Tensor) -> torch.Tensor:
         """y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), as in the LibTorch
-        module: torch's native kernel in eval mode with mean 0, variance 1 and eps 0."""
-        alpha = invstd if self.weight is None else invstd * self.weight
-        beta = -mean * alpha if self.bias is None else self.bias - mean * alpha
+        module: torch's native kernel in eval mode with mean 0, variance 1 and eps 0; α and β in
+        at least float32, as the forward's kernel computes them for a 16-bit input."""
+        dtype = torch.promote_types(invstd.dtype, torch.float32)
+        alpha = invstd.to(dtype)
+        if self.weight is not None:
+            alpha = alpha * self.weight.to(dtype)
+        beta = -mean.to(dtype) * alpha
+        if self.bias is not None:
+            beta = beta + self.bias.to(dtype)
         return torch.native_batch_norm(input, alpha, beta, torch.zeros_like(alpha),
                                        torch.ones_like(alpha), False, 0.0, 0.0)[0]
 

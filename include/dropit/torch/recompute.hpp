@@ -65,13 +65,17 @@ struct producer_recipe {
   /// y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), where running the kernel in
   /// training again would first reduce over the batch (3-10x the pass on the CPU). The pass is
   /// torch's batch-norm kernel in eval mode with mean 0, variance 1 and eps 0 (vectorised per
-  /// channel; an addcmul broadcasting α and β runs 2-3x slower on NCHW). The forward's kernel
-  /// rounds its α, β and y in its own order, so y may differ from the forward's in the last bit.
+  /// channel; an addcmul broadcasting α and β runs 2-3x slower on NCHW). α and β in at least
+  /// float32, as the forward's kernel computes them for a 16-bit input. That kernel rounds its α,
+  /// β and y in its own order, so y may differ from the forward's in the last bit.
   static at::Tensor normalise(const at::Tensor& input, const at::Tensor& weight,
                               const at::Tensor& bias, const at::Tensor& mean,
                               const at::Tensor& invstd) {
-    const at::Tensor alpha = weight.defined() ? invstd * weight : invstd;
-    const at::Tensor beta = bias.defined() ? bias - mean * alpha : -mean * alpha;
+    const at::ScalarType type = at::promote_types(invstd.scalar_type(), at::kFloat);
+    at::Tensor alpha = invstd.to(type);
+    if (weight.defined()) alpha = alpha * weight.to(type);
+    at::Tensor beta = -mean.to(type) * alpha;
+    if (bias.defined()) beta = beta + bias.to(type);
     return std::get<0>(batch_norm(input, alpha, beta, at::zeros_like(alpha), at::ones_like(alpha),
                                   /*batch_statistics=*/false, 0.0, /*eps=*/0.0));
   }
