@@ -183,6 +183,23 @@ def test_recomputation_after_a_batch_norm_in_training_does_not_run_batch_norm_ag
     assert model[3].weight.grad is not None and model[6].weight.grad is not None
 
 
+def test_recomputation_after_an_affine_free_batch_norm_without_running_statistics():
+    torch.manual_seed(13)
+    dense = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False),
+                          nn.BatchNorm2d(8, affine=False, track_running_stats=False), nn.ReLU(),
+                          nn.Conv2d(8, 4, 3, padding=1))
+    model = copy.deepcopy(dense)
+    x = torch.randn(4, 3, 10, 10)
+    report = dropit.convert(model, gamma=0.9, example_input=x)
+    assert [(layer.name, layer.cache_bytes) for layer in report.converted
+            if layer.cache_bytes is not None] == [("3", 0)]
+    actual, expected = gradients(model, x), gradients(dense, x)
+    torch.testing.assert_close(actual["3.weight"], expected["3.weight"], rtol=0,
+                               atol=1e-5 * expected["3.weight"].abs().max().item())
+    for name in ("0.weight", "3.bias"):
+        assert torch.equal(actual[name], expected[name]), name
+
+
 def test_a_convolution_after_a_frozen_batch_norm_recomputes_with_its_running_statistics():
     dense = conv_stack()
     for _ in range(3):  # running statistics away from their initial values

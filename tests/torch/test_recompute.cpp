@@ -219,6 +219,23 @@ TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs
   }
 }
 
+TEST_CASE("torch: recomputation after an affine-free BatchNorm2d without running statistics") {
+  const auto make = [] {
+    ::torch::manual_seed(13);
+    return nn::Sequential(
+        nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1).bias(false)),
+        nn::BatchNorm2d(nn::BatchNormOptions(8).affine(false).track_running_stats(false)),
+        nn::ReLU(), nn::Conv2d(nn::Conv2dOptions(8, 4, 3).padding(1)));
+  };
+  nn::Sequential dense = make(), model = make();
+  dt::convert(model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9)));
+  const at::Tensor x = ::torch::randn({4, 3, 10, 10});
+  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
+  // Gradients: [x, conv 0, conv 3 (weight, bias)]. Conv 3's weight reads the recomputed input,
+  // and its bias gradient is a sum of dZ in another order than torch's backward.
+  check_equal_but_recomputed(model_gradients(model, x), model_gradients(dense, x), {2, 3});
+}
+
 TEST_CASE("torch: dropit's BatchNorm2d rejects an input that is not 4-d, naming its rank") {
   dt::BatchNorm2d norm(nn::BatchNormOptions(4));
   const std::string message = error_message([&] { norm->forward(::torch::randn({2, 4})); });

@@ -105,9 +105,10 @@ inline void check_equal(const std::vector<at::Tensor>& got, const std::vector<at
 }
 
 /// As check_equal, except for the gradients at `recomputed` (weights of layers whose input a
-/// BatchNorm's output recomputed from its statistics, and whatever such a gradient flows into):
-/// torch's kernel rounds the forward's normalisation in its own order, so these agree within `rel`
-/// of their largest magnitude, not bit for bit. An empty `recomputed` compares every gradient so.
+/// BatchNorm's output recomputed from its statistics, whatever such a gradient flows into, and
+/// sums torch forms in another order): torch's kernel rounds the forward's normalisation in its
+/// own order, so these agree within `rel` of their largest magnitude, not bit for bit. An empty
+/// `recomputed` compares every gradient so.
 inline void check_equal_but_recomputed(const std::vector<at::Tensor>& got,
                                        const std::vector<at::Tensor>& want,
                                        const std::vector<std::size_t>& recomputed,
