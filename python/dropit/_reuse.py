@@ -4,7 +4,8 @@
   it): the attention keeps it for its own backward, so saving it costs nothing (linear layers).
 - The output of a cheap producer (dropit.nn.LayerNorm, BatchNorm2d, GELU, SiLU, and a dropit ReLU
   applied to one) whose inputs autograd keeps anyway: the linear or convolution layer saves nothing
-  and recomputes its input in backward, exactly (the same kernels on the same tensors), and its
+  and recomputes its input in backward, exactly (the same kernels on the same tensors; after
+  BatchNorm in training, one affine pass from the statistics it saved, within rounding), and its
   weight gradient is the dense one.
 
 Both are read off eager tensors; torch.compile does not trace them (its partitioner recomputes

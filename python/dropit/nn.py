@@ -456,7 +456,7 @@ class _Producer:
     """What LayerNorm, BatchNorm2d, GELU and SiLU share: their output, read by a dropit linear or
     convolution layer (directly or through a dropit ReLU), is recomputed in that layer's backward
     from the input they keep for their own backward anyway, so the layer caches nothing and its
-    weight gradient is the dense one."""
+    weight gradient is the dense one (after BatchNorm in training, within rounding)."""
 
     @classmethod
     def from_dense(cls, dense: nn.Module):
@@ -486,8 +486,8 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
     recomputation normalises with what the forward used (the batch's statistics in training,
     without touching the running ones; the running ones otherwise). With the batch's statistics
     that torch's native kernel saved for its backward, the recomputation is one affine pass
-    (torch's kernel rounds it in its own order: equal to the forward's output within the last
-    bit); without them it runs the kernel again."""
+    (torch's kernel rounds it in its own order: equal to the forward's output within rounding, on
+    the CPU within the last bit); without them it runs the kernel again."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         output = nn.BatchNorm2d.forward(self, input)
@@ -520,11 +520,21 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
                             False, 0.0, self.eps)
 
 
+def _saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks are in force (a non-reentrant checkpoint, ``save_on_cpu``):
+    reading a node's saved tensors would run their unpack hook in forward (a checkpoint would run
+    its region again). True when this torch cannot tell."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
 def _native_batch_statistics(output: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """The batch's mean and inverse standard deviation that torch's native batch-norm kernel saved
-    for the backward of ``output``; None when autograd did not record it, or another kernel
-    (cuDNN's, whose saved statistics follow its own conventions) produced it."""
-    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+    for the backward of ``output``; None when autograd did not record it, another kernel (cuDNN's,
+    whose saved statistics follow its own conventions) produced it, or saved-tensor hooks would
+    run on reading them."""
+    if (not torch.is_grad_enabled() or torch.compiler.is_compiling()
+            or _saved_tensor_hooks_active()):
         return None
     node = output.grad_fn
     if node is None or type(node).__name__ != "NativeBatchNormBackward0":

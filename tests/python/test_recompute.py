@@ -1,7 +1,7 @@
 """A linear or convolution layer reading a converted producer's output (LayerNorm, GELU, SiLU,
 BatchNorm2d, through a dropit ReLU or not) caches nothing and recomputes that output in backward
-from the input the producer keeps anyway: its weight gradient is the dense one, whatever gamma is,
-and only the producers' inputs stay held."""
+from the input the producer keeps anyway: its weight gradient is the dense one (after BatchNorm in
+training, within rounding), whatever gamma is, and only the producers' inputs stay held."""
 
 import copy
 
@@ -133,9 +133,14 @@ def test_recompute_false_and_inplace_producers_stay_torchs():
 def conv_stack():
     """conv -> BatchNorm -> ReLU -> conv -> BatchNorm -> ReLU -> 1x1 conv, as in a ResNet."""
     torch.manual_seed(1)
-    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
-                         nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
-                         nn.ReLU(), nn.Conv2d(16, 8, 1))
+    stack = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16),
+                          nn.ReLU(), nn.Conv2d(16, 8, 1))
+    with torch.no_grad():  # scale and shift away from 1 and 0: the recomputation must apply them
+        for norm in (stack[1], stack[4]):
+            norm.weight.uniform_(0.5, 1.5)
+            norm.bias.normal_(0.0, 0.5)
+    return stack
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
@@ -198,6 +203,24 @@ def test_recomputation_after_an_affine_free_batch_norm_without_running_statistic
                                atol=1e-5 * expected["3.weight"].abs().max().item())
     for name in ("0.weight", "3.bias"):
         assert torch.equal(actual[name], expected[name]), name
+
+
+def test_batch_norm_inside_a_non_reentrant_checkpoint_runs_once_per_forward():
+    # Saved-tensor hooks are in force there: the statistics are not read off the autograd node
+    # (which would run the checkpointed region again), and the recomputation runs batch norm.
+    dense = conv_stack()
+    model = copy.deepcopy(dense)
+    x = torch.randn(4, 3, 12, 12)
+    dropit.convert(model, gamma=0.9, example_input=x)
+    calls = []
+    model[1].register_forward_hook(lambda *args: calls.append(1))
+    y = torch.utils.checkpoint.checkpoint(model, x, use_reentrant=False)
+    assert len(calls) == 1 and int(model[1].num_batches_tracked) == 1
+    y.square().sum().backward()
+    expected = gradients(dense, x)
+    for name, parameter in model.named_parameters():
+        torch.testing.assert_close(parameter.grad, expected[name], rtol=0,
+                                   atol=1e-5 * expected[name].abs().max().item())
 
 
 def test_a_convolution_after_a_frozen_batch_norm_recomputes_with_its_running_statistics():

@@ -154,8 +154,16 @@ nn::Sequential make_conv_stack(std::uint64_t seed) {
   const auto conv = [](std::int64_t in, std::int64_t out, std::int64_t kernel) {
     return nn::Conv2d(nn::Conv2dOptions(in, out, kernel).padding(kernel / 2).bias(false));
   };
-  return nn::Sequential(conv(3, 16, 3), nn::BatchNorm2d(16), nn::ReLU(), conv(16, 16, 3),
-                        nn::BatchNorm2d(16), nn::ReLU(), nn::Conv2d(16, 8, 1));
+  nn::Sequential stack(conv(3, 16, 3), nn::BatchNorm2d(16), nn::ReLU(), conv(16, 16, 3),
+                       nn::BatchNorm2d(16), nn::ReLU(), nn::Conv2d(16, 8, 1));
+  // BatchNorm's scale and shift away from 1 and 0, so that the recomputation must apply them.
+  const ::torch::NoGradGuard no_grad;
+  for (const std::size_t i : {1, 4}) {
+    auto* norm = stack[i]->as<nn::BatchNorm2d>();
+    norm->weight.uniform_(0.5, 1.5);
+    norm->bias.normal_(0.0, 0.5);
+  }
+  return stack;
 }
 
 }  // namespace
@@ -234,6 +242,30 @@ TEST_CASE("torch: recomputation after an affine-free BatchNorm2d without running
   // Gradients: [x, conv 0, conv 3 (weight, bias)]. Conv 3's weight reads the recomputed input,
   // and its bias gradient is a sum of dZ in another order than torch's backward.
   check_equal_but_recomputed(model_gradients(model, x), model_gradients(dense, x), {2, 3});
+}
+
+TEST_CASE("torch: with no autograd node to keep BatchNorm's batch statistics, it recomputes") {
+  // A frozen stem and an affine-free BatchNorm on an input that needs no gradient: autograd
+  // records nothing up to the ReLU, so no node keeps the batch's statistics. The next convolution
+  // still recomputes its input, running the kernel again.
+  const auto make = [] {
+    ::torch::manual_seed(14);
+    nn::Sequential stack(nn::Conv2d(nn::Conv2dOptions(3, 8, 3).padding(1).bias(false)),
+                         nn::BatchNorm2d(nn::BatchNormOptions(8).affine(false)), nn::ReLU(),
+                         nn::Conv2d(nn::Conv2dOptions(8, 4, 3).padding(1)));
+    stack[0]->as<nn::Conv2d>()->weight.set_requires_grad(false);
+    return stack;
+  };
+  nn::Sequential dense = make(), model = make();
+  dt::convert(model, ConvertOptions().relu(true).skip_first(false));
+  const at::Tensor x = ::torch::randn({4, 3, 10, 10});
+  at::Tensor y = model->forward(x);
+  CHECK(grad_fn_name(y).find("RecomputedInputConv2d") != std::string::npos);
+  y.square().sum().backward();
+  at::Tensor z = dense->forward(x);
+  z.square().sum().backward();
+  const auto& weight = model[3]->as<dt::Conv2d>()->weight;
+  CHECK(same_values(weight.grad(), dense[3]->as<nn::Conv2d>()->weight.grad()));
 }
 
 TEST_CASE("torch: dropit's BatchNorm2d rejects an input that is not 4-d, naming its rank") {

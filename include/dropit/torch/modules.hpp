@@ -333,13 +333,14 @@ class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl> {
     const auto [output, mean, invstd] =
         detail::producer_recipe::batch_norm(input, weight, bias, running_mean, running_var,
                                             recipe.batch_statistics, momentum, options.eps());
-    // The recomputation normalises with what this forward did: the batch's statistics (kept by
-    // torch's backward of this kernel anyway), or the running ones.
+    // The recomputation normalises with what this forward did: the running statistics, or the
+    // batch's, which torch's backward of this kernel keeps alive (with no autograd node, nothing
+    // does: the recomputation runs the kernel again).
     std::vector<at::Tensor> sources{input, weight, bias};
-    if (recipe.batch_statistics)
-      sources.insert(sources.end(), {mean, invstd});
-    else
+    if (!recipe.batch_statistics)
       sources.insert(sources.end(), {running_mean, running_var});
+    else if (output.requires_grad())
+      sources.insert(sources.end(), {mean, invstd});
     detail::mark_recomputable(output, std::move(recipe), sources);
     return output;
   }

@@ -4,8 +4,9 @@
 /// GELU, SiLU, and a dropit ReLU applied to a producer's output) marks its output with how to
 /// compute it again from tensors autograd keeps anyway for the producer's own backward (its input
 /// and parameters). A dropit Linear or Conv2d that reads such an output, untouched, saves those
-/// tensors instead of a cache and recomputes its input in backward with the same kernels: it holds
-/// nothing of its own, and its weight gradient is the dense one, whatever γ.
+/// tensors instead of a cache and recomputes its input in backward with the same kernels (after
+/// BatchNorm in training, one affine pass from the batch statistics it saved, equal within
+/// rounding): it holds nothing of its own, and its weight gradient is the dense one, whatever γ.
 ///
 /// The marks are held weakly, per thread: marking keeps no tensor alive, and a layer that finds no
 /// valid mark (another thread, a view or an in-place change of the output, a changed source,
@@ -41,8 +42,9 @@ struct producer_recipe {
   bool relu = false;
 
   /// The producer's output. Sources: layer_norm (input, weight, bias); batch_norm (input, weight,
-  /// bias, then the batch's mean and inverse standard deviation if batch_statistics, else the
-  /// running mean and variance); gelu and silu (input).
+  /// bias, then the running mean and variance unless batch_statistics, else the batch's mean and
+  /// inverse standard deviation when the forward's autograd node keeps them); gelu and silu
+  /// (input).
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output = compute_producer(sources);
     // In place on the fresh producer output: one activation transient in backward, as dense
@@ -63,11 +65,12 @@ struct producer_recipe {
 
   /// BatchNorm's output again from the statistics its forward normalised with: one affine pass
   /// y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), where running the kernel in
-  /// training again would first reduce over the batch (3-10x the pass on the CPU). The pass is
-  /// torch's batch-norm kernel in eval mode with mean 0, variance 1 and eps 0 (vectorised per
-  /// channel; an addcmul broadcasting α and β runs 2-3x slower on NCHW). α and β in at least
-  /// float32, as the forward's kernel computes them for a 16-bit input. That kernel rounds its α,
-  /// β and y in its own order, so y may differ from the forward's in the last bit.
+  /// training again would first reduce over the batch (several times the pass on the CPU). The pass
+  /// is torch's batch-norm kernel in eval mode with mean 0, variance 1 and eps 0 (vectorised per
+  /// channel; an addcmul broadcasting α and β is slower on NCHW). α and β in at least float32, as
+  /// the forward's kernel computes them for a 16-bit input. That kernel rounds in its own order
+  /// (on CUDA it computes (x − mean)·invstd·w + b), so y agrees with the forward's within rounding:
+  /// on the CPU, in the last bit.
   static at::Tensor normalise(const at::Tensor& input, const at::Tensor& weight,
                               const at::Tensor& bias, const at::Tensor& mean,
                               const at::Tensor& invstd) {
@@ -85,11 +88,15 @@ struct producer_recipe {
       case kind::layer_norm:
         return at::layer_norm(sources.at(0), normalized_shape, sources.at(1), sources.at(2), eps);
       case kind::batch_norm:
-        return batch_statistics
-                   ? normalise(sources.at(0), sources.at(1), sources.at(2), sources.at(3),
-                               sources.at(4))
-                   : std::get<0>(batch_norm(sources.at(0), sources.at(1), sources.at(2),
-                                            sources.at(3), sources.at(4), false, 0.0, eps));
+        if (!batch_statistics)
+          return std::get<0>(batch_norm(sources.at(0), sources.at(1), sources.at(2), sources.at(3),
+                                        sources.at(4), false, 0.0, eps));
+        if (sources.size() == 5)
+          return normalise(sources[0], sources[1], sources[2], sources[3], sources[4]);
+        // No statistics kept: the kernel again, which recomputes them from the input (and
+        // updates no running statistics).
+        return std::get<0>(
+            batch_norm(sources.at(0), sources.at(1), sources.at(2), {}, {}, true, 0.0, eps));
       case kind::gelu:
         return at::gelu(sources.at(0), approximate);
       case kind::silu:
