@@ -77,6 +77,46 @@ TEST_CASE("torch: Linear layers after a LayerNorm and a GELU recompute their inp
   check_equal(model_gradients(model, x), model_gradients(dense, x));
 }
 
+TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none of it") {
+  nn::Sequential dense = make_stack(), model = make_stack();
+  dt::convert(model, ConvertOptions().dropit(DropitOptions().gamma(0.9).recompute_layers(true)));
+  const at::Tensor x = ::torch::randn({rows, 64});
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(model, x);
+  // Held: the LayerNorm's input and its per-row statistics only. The last Linear recomputes the
+  // GELU's output through the Linear before it, and the GELU its input the same way.
+  const std::int64_t norm_input = 4 * rows * width;
+  MESSAGE("held after forward: dense ", dense_held, " B, recomputing through layers ", held, " B");
+  CHECK(held >= norm_input);
+  CHECK(held <= norm_input + 4 * 2 * rows + 4096);
+  // The same kernels on the same tensors: bit for bit.
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+
+  SUBCASE("off, the GELU keeps its input") {
+    nn::Sequential default_model = make_stack();
+    dt::convert(default_model, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
+    CHECK(held_after_forward(default_model, x) >= norm_input + 4 * rows * 2 * width);
+  }
+}
+
+TEST_CASE("torch: recompute_layers chains through LayerNorms, Linears and a SiLU, bit for bit") {
+  // LayerNorm -> Linear -> LayerNorm -> Linear -> SiLU -> Linear: every layer after the first
+  // LayerNorm recomputes its input from that LayerNorm's, through the Linears before it.
+  const auto make = [] {
+    ::torch::manual_seed(4);
+    return nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({32})), nn::Linear(32, 48),
+                          nn::LayerNorm(nn::LayerNormOptions({48})), nn::Linear(48, 48), nn::SiLU(),
+                          nn::Linear(48, 16));
+  };
+  nn::Sequential dense = make(), model = make();
+  dt::convert(model, ConvertOptions().skip_first(false).dropit(
+                         DropitOptions().gamma(0.9).recompute_layers(true)));
+  const at::Tensor x = ::torch::randn({4, 8, 32});
+  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputLinear") != std::string::npos);
+  CHECK(held_after_forward(model, x) <= 4 * 4 * 8 * (2 + 2) + 4096);  // the statistics
+  check_equal(model_gradients(model, x), model_gradients(dense, x));
+}
+
 TEST_CASE("torch: recomputation after SiLU and an affine-free LayerNorm, 3-d inputs, no bias") {
   const auto make = [] {
     ::torch::manual_seed(3);
@@ -224,6 +264,46 @@ TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs
     nn::Sequential unconverted_relu = make_conv_stack(11);
     dt::convert(unconverted_relu, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
     CHECK(grad_fn_name(unconverted_relu->forward(x)).find("RecomputedInput") == std::string::npos);
+  }
+}
+
+TEST_CASE("torch: recompute_layers: BatchNorm2d after a recomputing Conv2d keeps none of it") {
+  nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
+  dt::convert(
+      model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9).recompute_layers(true)));
+  const at::Tensor x = ::torch::randn({8, 3, 24, 24});
+  // The last convolution reads BatchNorm 4 -> ReLU 5, which recomputes through convolution 3.
+  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
+  dense->forward(x);  // the same forwards, so the running statistics stay comparable
+
+  // Held: the first BatchNorm's input and both ReLUs' 1-bit masks (and per-channel statistics);
+  // not BatchNorm 4's input, which convert without recompute_layers keeps.
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(model, x);
+  const std::int64_t activation = 4 * 8 * 16 * 24 * 24;
+  MESSAGE("held after forward: dense ", dense_held, " B, recomputing through layers ", held, " B");
+  CHECK(held >= activation + 2 * activation / 32);
+  CHECK(held <= activation + 2 * activation / 32 + 4096);
+
+  // BatchNorm 4's backward reads an input computed again from the first BatchNorm's statistics:
+  // every gradient upstream of it agrees with torch's within rounding. The running statistics are
+  // the forward's, bit for bit.
+  check_equal_but_recomputed(model_gradients(model, x), model_gradients(dense, x), {});
+  const auto dense_buffers = dense->named_buffers();
+  for (const auto& buffer : model->named_buffers()) {
+    INFO(buffer.key());
+    CHECK(same_values(buffer.value(), dense_buffers[buffer.key()]));
+  }
+
+  SUBCASE("BatchNorms in eval mode recompute with the running statistics, bit for bit") {
+    for (auto* net : {&model, &dense})
+      for (const std::size_t i : {1, 4}) (**net)[i]->eval();
+    CHECK(held_after_forward(model, x) <= activation + 2 * activation / 32 + 4096);
+    check_equal(model_gradients(model, x), model_gradients(dense, x));
+  }
+  SUBCASE("channels_last input") {
+    const at::Tensor x_last = x.contiguous(at::MemoryFormat::ChannelsLast);
+    check_equal_but_recomputed(model_gradients(model, x_last), model_gradients(dense, x_last), {});
   }
 }
 

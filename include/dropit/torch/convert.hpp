@@ -70,6 +70,17 @@ inline void install(::torch::nn::SequentialImpl& container, std::size_t index,
   container.replace_module(name, module.ptr());
 }
 
+/// Turns DropitOptions::recompute_layers on or off in a module convert made (a dropit layer or
+/// producer; nothing else has it).
+inline void set_recompute_layers(::torch::nn::Module& module, bool on) {
+  if (auto* linear = dynamic_cast<LinearImpl*>(&module)) linear->dropit.recompute_layers(on);
+  if (auto* conv = dynamic_cast<Conv2dImpl*>(&module)) conv->dropit.recompute_layers(on);
+  if (auto* norm = dynamic_cast<LayerNormImpl*>(&module)) norm->recompute_layers = on;
+  if (auto* norm = dynamic_cast<BatchNorm2dImpl*>(&module)) norm->recompute_layers = on;
+  if (auto* gelu = dynamic_cast<GELUImpl*>(&module)) gelu->recompute_layers = on;
+  if (auto* silu = dynamic_cast<SiLUImpl*>(&module)) silu->recompute_layers = on;
+}
+
 class converter {
  public:
   explicit converter(const ConvertOptions& options)
@@ -150,15 +161,22 @@ class converter {
       replacement->train(relu->is_training());
       return replacement;
     }
-    if (producer && norm) return std::make_shared<LayerNormImpl>(*norm);
-    if (producer && batch_norm) return std::make_shared<BatchNorm2dImpl>(*batch_norm);
-    if (producer && gelu) return std::make_shared<GELUImpl>(*gelu);
+    if (producer && norm) return with_layers_recomputed(std::make_shared<LayerNormImpl>(*norm));
+    if (producer && batch_norm)
+      return with_layers_recomputed(std::make_shared<BatchNorm2dImpl>(*batch_norm));
+    if (producer && gelu) return with_layers_recomputed(std::make_shared<GELUImpl>(*gelu));
     if (producer && silu) {
       auto replacement = std::make_shared<SiLUImpl>();
       replacement->train(silu->is_training());
-      return replacement;
+      return with_layers_recomputed(std::move(replacement));
     }
     return nullptr;
+  }
+
+  std::shared_ptr<::torch::nn::Module> with_layers_recomputed(
+      std::shared_ptr<::torch::nn::Module> producer) const {
+    set_recompute_layers(*producer, options_.dropit().recompute_layers());
+    return producer;
   }
 
   static bool is_producer(::torch::nn::Module& m) {
@@ -191,8 +209,8 @@ class converter {
 
 /// Replaces the Linear and Conv2d layers of `root` (and ReLU when asked) by dropit layers that
 /// share their parameters, and its LayerNorm, BatchNorm2d, GELU and SiLU by dropit's producers
-/// (unless `options.dropit().recompute()` is off). Returns what was converted and what was left, with
-/// reasons.
+/// (unless `options.dropit().recompute()` is off). Returns what was converted and what was left,
+/// with reasons.
 inline ConvertReport convert(::torch::nn::Module& root, const ConvertOptions& options = {}) {
   detail::converter c(options);
   c.visit(root, "");

@@ -100,6 +100,14 @@ struct DropitOptions {
   /// instead of caching it: exact, and nothing held of its own. `convert` swaps torch's producers
   /// for dropit's when this is on.
   TORCH_ARG(bool, recompute) = true;
+  /// Recompute through a layer too: a Linear or Conv2d whose input it recomputes marks its own
+  /// output as recomputable (its forward again), and a dropit producer reading that output (with
+  /// its `recompute_layers` on, as `convert` sets it from this) keeps none of it: backward runs the
+  /// chain again (BatchNorm2d after such a Conv2d, GELU after such a Linear). It frees the
+  /// producer's input for one more forward of the layer in backward (two where another layer
+  /// recomputes the producer's output); the gradients upstream of the producer then agree with
+  /// dense within rounding. Off by default; the memory planner turns it on per block.
+  TORCH_ARG(bool, recompute_layers) = false;
 };
 
 /// torch::nn::Linear that caches its input compactly.
@@ -128,9 +136,15 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
       if (dropit.recompute())
-        if (const auto recomputable = detail::recipe_of(input))
-          return RecomputedInputLinearFunction::apply(
+        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
+          at::Tensor output = RecomputedInputLinearFunction::apply(
               input, weight, compat::optional_argument(bias, weight), *recomputable);
+          if (dropit.recompute_layers())
+            detail::mark_recomputable(
+                output, detail::chained(detail::layer_recipe(detail::producer_recipe::kind::linear),
+                                        {weight, bias}, *recomputable));
+          return output;
+        }
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return LinearFunction::apply(x, w, compat::optional_argument(b, w),
                                    dropit.spec(-1, calls_++));
@@ -180,9 +194,16 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
       if (dropit.recompute())
-        if (const auto recomputable = detail::recipe_of(input))
-          return RecomputedInputConv2dFunction::apply(
+        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
+          at::Tensor output = RecomputedInputConv2dFunction::apply(
               input, weight, compat::optional_argument(bias, weight), params_, *recomputable);
+          if (dropit.recompute_layers())
+            detail::mark_recomputable(
+                output, detail::chained(
+                            detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
+                            {weight, bias}, *recomputable));
+          return output;
+        }
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return Conv2dFunction::apply(x, w, compat::optional_argument(b, w), params_,
                                    dropit.spec(1, calls_++));
@@ -243,7 +264,8 @@ class ReLUImpl : public ::torch::nn::Cloneable<ReLUImpl> {
   at::Tensor forward(const at::Tensor& input) {
     if (!::torch::GradMode::is_enabled() || !input.requires_grad()) return at::relu(input);
     at::Tensor output = ReLUFunction::apply(input);
-    if (auto recomputable = detail::recipe_of(input); recomputable && !recomputable->recipe.relu) {
+    if (auto recomputable = detail::recipe_of(input, /*through_layers=*/true);
+        recomputable && !recomputable->recipe.relu) {
       recomputable->recipe.relu = true;
       detail::mark_recomputable(output, std::move(recomputable->recipe), recomputable->sources);
     }
@@ -276,6 +298,9 @@ class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
     recipe.what = detail::producer_recipe::kind::layer_norm;
     recipe.normalized_shape = options.normalized_shape();
     recipe.eps = options.eps();
+    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
+      return detail::produce_recomputing_input(producer_call(recipe), input, weight, bias,
+                                               *through_layer);
     return detail::produce(std::move(recipe), {input, weight, bias});
   }
 
@@ -286,6 +311,8 @@ class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
 
   ::torch::nn::LayerNormOptions options;
   at::Tensor weight, bias;
+  /// Keep none of an input a layer can recompute (DropitOptions::recompute_layers).
+  bool recompute_layers = false;
 
  private:
   void adopt(const at::Tensor& w, const at::Tensor& b) {
@@ -330,6 +357,10 @@ class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl> {
     recipe.what = detail::producer_recipe::kind::batch_norm;
     recipe.eps = options.eps();
     recipe.batch_statistics = is_training() || !options.track_running_stats();
+    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
+      return detail::produce_recomputing_input(
+          producer_call(recipe, running_mean, running_var, momentum), input, weight, bias,
+          *through_layer);
     const auto [output, mean, invstd] =
         detail::producer_recipe::batch_norm(input, weight, bias, running_mean, running_var,
                                             recipe.batch_statistics, momentum, options.eps());
@@ -352,6 +383,8 @@ class BatchNorm2dImpl : public ::torch::nn::Cloneable<BatchNorm2dImpl> {
 
   ::torch::nn::BatchNormOptions options;
   at::Tensor weight, bias, running_mean, running_var, num_batches_tracked;
+  /// Keep none of an input a layer can recompute (DropitOptions::recompute_layers).
+  bool recompute_layers = false;
 
  private:
   void adopt(const at::Tensor& w, const at::Tensor& b, const at::Tensor& mean,
@@ -378,6 +411,9 @@ class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::gelu;
     recipe.approximate = approximate;
+    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
+      return detail::produce_recomputing_input(producer_call(recipe), input, {}, {},
+                                               *through_layer);
     return detail::produce(std::move(recipe), {input});
   }
 
@@ -386,6 +422,8 @@ class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {
   }
 
   std::string approximate;
+  /// Keep none of an input a layer can recompute (DropitOptions::recompute_layers).
+  bool recompute_layers = false;
 };
 DROPIT_TORCH_MODULE(GELU);
 
@@ -398,10 +436,16 @@ class SiLUImpl : public ::torch::nn::Cloneable<SiLUImpl> {
   at::Tensor forward(const at::Tensor& input) {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::silu;
+    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
+      return detail::produce_recomputing_input(producer_call(recipe), input, {}, {},
+                                               *through_layer);
     return detail::produce(std::move(recipe), {input});
   }
 
   void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::SiLU()"; }
+
+  /// Keep none of an input a layer can recompute (DropitOptions::recompute_layers).
+  bool recompute_layers = false;
 };
 DROPIT_TORCH_MODULE(SiLU);
 

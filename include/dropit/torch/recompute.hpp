@@ -8,12 +8,19 @@
 /// BatchNorm in training, one affine pass from the batch statistics it saved, equal within
 /// rounding): it holds nothing of its own, and its weight gradient is the dense one, whatever γ.
 ///
+/// With DropitOptions::recompute_layers, the chain goes on through a layer: such a Linear or
+/// Conv2d marks its own output (its forward again on the recomputed input), and a producer reading
+/// that output keeps none of its input either (RecomputedInputProducerFunction): BatchNorm after a
+/// convolution after BatchNorm -> ReLU, GELU after a Linear after LayerNorm. One more forward of
+/// the layer in backward buys the producer's input.
+///
 /// The marks are held weakly, per thread: marking keeps no tensor alive, and a layer that finds no
 /// valid mark (another thread, a view or an in-place change of the output, a changed source,
 /// autocast) caches its input as before.
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -28,9 +35,12 @@
 namespace dropit::torch {
 namespace detail {
 
-/// How a producer computes its output from its sources.
+/// How a producer computes its output from its sources. With `input` set, the producer's input is
+/// no source: that recipe computes it again from the sources after this recipe's own (a chain
+/// through a layer, see DropitOptions::recompute_layers).
 struct producer_recipe {
-  enum class kind : std::int64_t { layer_norm, batch_norm, gelu, silu };
+  /// linear and conv2d: a dropit layer whose own input is recomputed (recompute_layers).
+  enum class kind : std::int64_t { layer_norm, batch_norm, gelu, silu, linear, conv2d };
 
   kind what = kind::gelu;
   std::vector<std::int64_t> normalized_shape;  // layer_norm
@@ -38,15 +48,35 @@ struct producer_recipe {
   /// batch_norm: normalised with the batch's own statistics (training), else the running ones.
   bool batch_statistics = true;
   std::string approximate = "none";  // gelu
+  conv2d_params convolution{};       // conv2d
   /// A dropit ReLU ran on the producer's output.
   bool relu = false;
+  /// How the input is computed again, when it is not a source; `parameters` counts this recipe's
+  /// own sources (the ones before the input recipe's).
+  std::shared_ptr<const producer_recipe> input;
+  std::int64_t parameters = 0;
+
+  /// Whether computing the output runs a Linear or Conv2d forward again.
+  bool runs_layer() const {
+    return what == kind::linear || what == kind::conv2d || (input && input->runs_layer());
+  }
 
   /// The producer's output. Sources: layer_norm (input, weight, bias); batch_norm (input, weight,
   /// bias, then the running mean and variance unless batch_statistics, else the batch's mean and
   /// inverse standard deviation when the forward's autograd node keeps them); gelu and silu
-  /// (input).
+  /// (input); linear and conv2d (input, weight, bias). With `input` set, the first is left out and
+  /// the input recipe's sources follow.
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
-    at::Tensor output = compute_producer(sources);
+    at::Tensor output;
+    if (input) {
+      std::vector<at::Tensor> own{input->compute(std::vector<at::Tensor>(
+          sources.begin() + static_cast<std::ptrdiff_t>(parameters), sources.end()))};
+      own.insert(own.end(), sources.begin(),
+                 sources.begin() + static_cast<std::ptrdiff_t>(parameters));
+      output = compute_producer(own);
+    } else {
+      output = compute_producer(sources);
+    }
     // In place on the fresh producer output: one activation transient in backward, as dense
     // holds. max(x, 0), as dropit's ReLU kernel computed it in forward.
     return relu ? output.relu_() : output;
@@ -101,6 +131,12 @@ struct producer_recipe {
         return at::gelu(sources.at(0), approximate);
       case kind::silu:
         return at::silu(sources.at(0));
+      case kind::linear:
+        return at::linear(sources.at(0), sources.at(1), sources.at(2));
+      case kind::conv2d:
+        return at::conv2d(sources.at(0), sources.at(1), sources.at(2),
+                          torch_pair(convolution.stride), torch_pair(convolution.padding),
+                          torch_pair(convolution.dilation), convolution.groups);
     }
     dropit::detail::fail("unknown producer recipe ", static_cast<std::int64_t>(what));
   }
@@ -114,6 +150,12 @@ struct producer_recipe {
     ctx->saved_data[prefix + "_approximate"] = approximate;
     ctx->saved_data[prefix + "_batch_statistics"] = batch_statistics;
     ctx->saved_data[prefix + "_relu"] = relu;
+    ctx->saved_data[prefix + "_convolution"] = std::vector<std::int64_t>{
+        convolution.stride[0],  convolution.stride[1],   convolution.padding[0],
+        convolution.padding[1], convolution.dilation[0], convolution.dilation[1],
+        convolution.groups};
+    ctx->saved_data[prefix + "_parameters"] = input ? parameters : std::int64_t{-1};
+    if (input) input->save(ctx, prefix + "_input");
   }
   static producer_recipe load(::torch::autograd::AutogradContext* ctx,
                               const std::string& prefix = "recipe") {
@@ -124,6 +166,13 @@ struct producer_recipe {
     r.approximate = ctx->saved_data[prefix + "_approximate"].toStringRef();
     r.batch_statistics = ctx->saved_data[prefix + "_batch_statistics"].toBool();
     r.relu = ctx->saved_data[prefix + "_relu"].toBool();
+    const std::vector<std::int64_t> c = ctx->saved_data[prefix + "_convolution"].toIntVector();
+    r.convolution = conv2d_params_of({c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]);
+    r.parameters = ctx->saved_data[prefix + "_parameters"].toInt();
+    if (r.parameters >= 0)
+      r.input = std::make_shared<const producer_recipe>(load(ctx, prefix + "_input"));
+    else
+      r.parameters = 0;
     return r;
   }
 };
@@ -133,6 +182,16 @@ struct recomputable_input {
   producer_recipe recipe;
   std::vector<at::Tensor> sources;
 };
+
+/// `outer` applied to the output `inner` recomputes: `outer`'s own sources (its input left out)
+/// first, then `inner`'s.
+inline recomputable_input chained(producer_recipe outer, std::vector<at::Tensor> own_sources,
+                                  const recomputable_input& inner) {
+  outer.input = std::make_shared<const producer_recipe>(inner.recipe);
+  outer.parameters = static_cast<std::int64_t>(own_sources.size());
+  own_sources.insert(own_sources.end(), inner.sources.begin(), inner.sources.end());
+  return {std::move(outer), std::move(own_sources)};
+}
 
 using weak_tensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 
@@ -171,6 +230,10 @@ inline void mark_recomputable(const at::Tensor& output, producer_recipe recipe,
   marks.push_back(std::move(m));
 }
 
+inline void mark_recomputable(const at::Tensor& output, const recomputable_input& recomputable) {
+  mark_recomputable(output, recomputable.recipe, recomputable.sources);
+}
+
 /// `recipe.compute(sources)`, marked as recomputable from them: a producer's forward.
 inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>& sources) {
   at::Tensor output = recipe.compute(sources);
@@ -180,14 +243,18 @@ inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>&
 
 /// The recipe and sources of `input` when it is a marked output that neither it nor its sources
 /// have changed since (and autocast is off: the layer would compute in another dtype than the
-/// producer's output); otherwise none.
-inline std::optional<recomputable_input> recipe_of(const at::Tensor& input) {
+/// producer's output); otherwise none. A recipe that runs a layer again counts only
+/// `through_layers`.
+inline std::optional<recomputable_input> recipe_of(const at::Tensor& input,
+                                                   bool through_layers = false) {
   if (!input.defined() || compat::autocast_dtype(input.device())) return std::nullopt;
   const auto& marks = marked_outputs();
   const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
     return m.output._unsafe_get_target() == input.unsafeGetTensorImpl() && !m.output.expired();
   });
-  if (found == marks.rend() || found->output_version != static_cast<std::int64_t>(input._version()))
+  if (found == marks.rend() ||
+      found->output_version != static_cast<std::int64_t>(input._version()) ||
+      (!through_layers && found->recipe.runs_layer()))
     return std::nullopt;
   recomputable_input r{found->recipe, {}};
   for (std::size_t i = 0; i < found->sources.size(); ++i) {
@@ -293,5 +360,157 @@ struct RecomputedInputConv2dFunction
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };
+
+/// What a producer's forward needs besides its input and parameters.
+struct producer_call {
+  explicit producer_call(detail::producer_recipe recipe, at::Tensor running_mean = {},
+                         at::Tensor running_var = {}, double momentum = 0.0)
+      : recipe(std::move(recipe)),
+        running_mean(std::move(running_mean)),
+        running_var(std::move(running_var)),
+        momentum(momentum) {}
+
+  detail::producer_recipe recipe;        // the producer's own (no input recipe)
+  at::Tensor running_mean, running_var;  // batch_norm
+  double momentum = 0.0;                 // batch_norm
+};
+
+/// A producer (LayerNorm, BatchNorm2d, GELU, SiLU) whose input a recipe through a layer computes
+/// again (DropitOptions::recompute_layers): the forward is the producer's own kernel; it saves the
+/// recipe's sources (which the layer that made its input keeps anyway) instead of its input, and
+/// backward computes the input again and runs torch's backward kernel of the producer. Returns the
+/// output, then the statistics the forward computed (LayerNorm: mean and rstd; BatchNorm2d in
+/// training: the batch's mean and invstd).
+struct RecomputedInputProducerFunction
+    : public ::torch::autograd::Function<RecomputedInputProducerFunction> {
+  using kind = detail::producer_recipe::kind;
+
+  /// `weight_argument`, `bias_argument`: as compat::optional_argument passes them.
+  static ::torch::autograd::variable_list forward(::torch::autograd::AutogradContext* ctx,
+                                                  const at::Tensor& input,
+                                                  const at::Tensor& weight_argument,
+                                                  const at::Tensor& bias_argument,
+                                                  const producer_call& call,
+                                                  const detail::recomputable_input& recomputable) {
+    const at::Tensor weight = compat::from_optional_argument(weight_argument);
+    const at::Tensor bias = compat::from_optional_argument(bias_argument);
+    const detail::producer_recipe& recipe = call.recipe;
+    at::Tensor output, first, second;
+    switch (recipe.what) {
+      case kind::layer_norm:
+        std::tie(output, first, second) =
+            at::native_layer_norm(input, recipe.normalized_shape, weight, bias, recipe.eps);
+        break;
+      case kind::batch_norm:
+        std::tie(output, first, second) = detail::producer_recipe::batch_norm(
+            input, weight, bias, call.running_mean, call.running_var, recipe.batch_statistics,
+            call.momentum, recipe.eps);
+        break;
+      case kind::gelu:
+        output = at::gelu(input, recipe.approximate);
+        break;
+      case kind::silu:
+        output = at::silu(input);
+        break;
+      default:
+        dropit::detail::fail("a ", static_cast<std::int64_t>(recipe.what),
+                             " recipe names no producer with a backward of its own");
+    }
+    recipe.save(ctx, "producer");
+    recomputable.recipe.save(ctx);
+    const bool running = recipe.what == kind::batch_norm && !recipe.batch_statistics;
+    ::torch::autograd::variable_list saved{weight, bias, running ? call.running_mean : first,
+                                           running ? call.running_var : second};
+    saved.insert(saved.end(), recomputable.sources.begin(), recomputable.sources.end());
+    ctx->save_for_backward(saved);
+    if (running || !first.defined()) return {output};
+    ctx->mark_non_differentiable({first, second});
+    return {output, first, second};
+  }
+
+  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
+                                                   ::torch::autograd::variable_list grads) {
+    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &weight = saved[0], &bias = saved[1], &first = saved[2], &second = saved[3];
+    const detail::producer_recipe recipe = detail::producer_recipe::load(ctx, "producer");
+    at::Tensor input;
+    {
+      const at::NoGradGuard no_grad;
+      input = detail::producer_recipe::load(ctx).compute(
+          std::vector<at::Tensor>(saved.begin() + 4, saved.end()));
+    }
+    const std::array<bool, 3> wanted{ctx->needs_input_grad(0),
+                                     weight.defined() && ctx->needs_input_grad(1),
+                                     bias.defined() && ctx->needs_input_grad(2)};
+    const at::Tensor& dy = grads[0];
+    at::Tensor d_input, d_weight, d_bias;
+    switch (recipe.what) {
+      case kind::layer_norm:
+        std::tie(d_input, d_weight, d_bias) = at::native_layer_norm_backward(
+            dy, input, recipe.normalized_shape, first, second, weight, bias, wanted);
+        break;
+      case kind::batch_norm:
+        // Saved: the batch's mean and invstd, or the running mean and variance.
+        std::tie(d_input, d_weight, d_bias) =
+            recipe.batch_statistics
+                ? at::native_batch_norm_backward(dy, input, weight, {}, {}, first, second, true,
+                                                 recipe.eps, wanted)
+                : at::native_batch_norm_backward(dy, input, weight, first, second, {}, {}, false,
+                                                 recipe.eps, wanted);
+        break;
+      case kind::gelu:
+        d_input = at::gelu_backward(dy, input, recipe.approximate);
+        break;
+      default:  // silu
+        d_input = at::silu_backward(dy, input);
+        break;
+    }
+    return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
+  }
+};
+
+namespace detail {
+
+/// A Linear's (conv2d: a Conv2d's) recipe, to chain after the recipe of its input.
+inline producer_recipe layer_recipe(producer_recipe::kind what, const conv2d_params& params = {}) {
+  producer_recipe recipe;
+  recipe.what = what;
+  recipe.convolution = params;
+  return recipe;
+}
+
+/// The recipe of `input` when a producer reading it should keep none of it: `recompute_layers` on
+/// and `input` an output recomputable through a layer (which holds nothing of it either).
+inline std::optional<recomputable_input> input_through_layer(bool recompute_layers,
+                                                             const at::Tensor& input) {
+  if (!recompute_layers) return std::nullopt;
+  auto recomputable = recipe_of(input, /*through_layers=*/true);
+  if (recomputable && recomputable->recipe.runs_layer()) return recomputable;
+  return std::nullopt;
+}
+
+/// A producer's forward (`call.recipe` says which) on an input recomputable through a layer: it
+/// keeps none of its input, and its output is marked as its recipe chained after the input's.
+inline at::Tensor produce_recomputing_input(const producer_call& call, const at::Tensor& input,
+                                            const at::Tensor& weight, const at::Tensor& bias,
+                                            const recomputable_input& recomputable) {
+  const ::torch::autograd::variable_list outputs = RecomputedInputProducerFunction::apply(
+      input, compat::optional_argument(weight, input), compat::optional_argument(bias, input), call,
+      recomputable);
+  // The recipe's sources after its input, as `producer_recipe::compute` reads them.
+  std::vector<at::Tensor> parameters;
+  if (call.recipe.what == producer_recipe::kind::layer_norm) parameters = {weight, bias};
+  if (call.recipe.what == producer_recipe::kind::batch_norm) {
+    parameters = {weight, bias};
+    if (call.recipe.batch_statistics)
+      parameters.insert(parameters.end(), {outputs[1], outputs[2]});
+    else
+      parameters.insert(parameters.end(), {call.running_mean, call.running_var});
+  }
+  mark_recomputable(outputs[0], chained(call.recipe, std::move(parameters), recomputable));
+  return outputs[0];
+}
+
+}  // namespace detail
 
 }  // namespace dropit::torch
