@@ -22,6 +22,7 @@
 #include <dropit/torch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -179,11 +180,15 @@ void train_step(benchmark::State& state, const std::string& kind, const Variant&
   state.counters["dropit_held_bytes"] = static_cast<double>(held);
   state.counters["held_ratio"] = static_cast<double>(held) / static_cast<double>(dense_held);
   if (variant.name == "plan") {
-    std::int64_t tools[3] = {};
-    for (const auto& block : dropit.plan.blocks) ++tools[static_cast<int>(block.tool)];
-    state.counters["plan_kept"] = static_cast<double>(tools[0]);
-    state.counters["plan_converted"] = static_cast<double>(tools[1]);
-    state.counters["plan_checkpointed"] = static_cast<double>(tools[2]);
+    std::array<std::int64_t, dropit::block_tool_count> tools{};
+    for (const auto& block : dropit.plan.blocks) ++tools[static_cast<std::size_t>(block.tool)];
+    const auto count = [&](dropit::block_tool tool) {
+      return static_cast<double>(tools[static_cast<std::size_t>(tool)]);
+    };
+    state.counters["plan_kept"] = count(dropit::block_tool::keep);
+    state.counters["plan_converted"] = count(dropit::block_tool::convert);
+    state.counters["plan_recomputed"] = count(dropit::block_tool::recompute);
+    state.counters["plan_checkpointed"] = count(dropit::block_tool::checkpoint);
     state.counters["plan_met"] = dropit.plan.met ? 1.0 : 0.0;
   }
 }

@@ -27,7 +27,10 @@ from .nn import Checkpoint
 
 __all__ = ["BlockPlan", "MemoryPlan", "plan_memory"]
 
-TOOLS = ("keep", "convert", "checkpoint")
+# The search's tools, in its order. "recompute" (convert, and recompute through a layer, as the
+# LibTorch planner's blocks can) never applies here: this package's producers do not recompute
+# through layers.
+TOOLS = ("keep", "convert", "recompute", "checkpoint")
 
 
 @dataclass

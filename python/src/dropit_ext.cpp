@@ -63,8 +63,8 @@ std::vector<int> codes_of(const std::vector<dropit::block_tool>& tools) {
 
 /// The memory planner's search (the LibTorch planner's, detail/common/plan_search.hpp) over the
 /// costs dropit.plan_memory measured: per block, which tools apply and the seconds each adds
-/// (keep, convert, checkpoint); `held(tools)` measures the bytes held after forward with each
-/// block given its tool (0, 1, 2). Returns (tools, whether the budget is met).
+/// (keep, convert, recompute, checkpoint); `held(tools)` measures the bytes held after forward with
+/// each block given its tool (0, 1, 2, 3). Returns (tools, whether the budget is met).
 py::tuple plan_search(const std::vector<std::vector<bool>>& available,
                       const std::vector<std::vector<double>>& added_seconds,
                       std::int64_t dense_held, double dense_seconds, double budget,
@@ -77,12 +77,12 @@ py::tuple plan_search(const std::vector<std::vector<bool>>& available,
                          " is outside (0, 1]");
   std::vector<dropit::detail::block_costs> costs(available.size());
   for (std::size_t b = 0; b < costs.size(); ++b) {
-    dropit::detail::expect(available[b].size() == 3 && added_seconds[b].size() == 3,
+    constexpr std::size_t tools = dropit::block_tool_count;
+    dropit::detail::expect(available[b].size() == tools && added_seconds[b].size() == tools,
                            "plan_search: block ", b, " has ", available[b].size(), " and ",
-                           added_seconds[b].size(),
-                           " entries; expected 3 (keep, convert, "
-                           "checkpoint)");
-    for (std::size_t t = 0; t < 3; ++t) {
+                           added_seconds[b].size(), " entries; expected ", tools,
+                           " (keep, convert, recompute, checkpoint)");
+    for (std::size_t t = 0; t < tools; ++t) {
       costs[b].available[t] = available[b][t];
       costs[b].added_seconds[t] = added_seconds[b][t];
     }

@@ -14,6 +14,7 @@ from torch import nn
 
 import dropit
 from dropit import _C
+from dropit.plan import TOOLS
 
 
 def _block(channels: int) -> nn.Sequential:
@@ -154,7 +155,7 @@ def test_a_model_that_cannot_be_copied_gets_a_clear_error():
 def _exhaustive(available, seconds, held, budget, dense_held):
     """The least added time over every assignment of tools that meets the budget."""
     best = None
-    for tools in itertools.product(range(3), repeat=len(available)):
+    for tools in itertools.product(range(len(TOOLS)), repeat=len(available)):
         if not all(available[b][t] for b, t in enumerate(tools)):
             continue
         if held(list(tools)) <= budget * dense_held:
@@ -166,26 +167,31 @@ def _exhaustive(available, seconds, held, budget, dense_held):
 
 @pytest.mark.parametrize("budget", [0.9, 0.7, 0.5, 0.3])
 def test_search_finds_the_cheapest_plan_on_additive_costs(budget):
-    # Four blocks whose tools free bytes independently: 100 B held per block dense; convert frees
-    # 60 B at 1 s, checkpoint 90 B at 3 s (block 3 has no layer to convert).
-    available = [[True, True, True]] * 3 + [[True, False, True]]
-    seconds = [[0.0, 1.0, 3.0]] * 4
-    freed = [0, 60, 90]
+    # Five blocks whose tools free bytes independently: 100 B held per block dense; convert frees
+    # 60 B at 1 s, recompute 75 B at 1.8 s, checkpoint 90 B at 3 s (block 3 has nothing to
+    # recompute through a layer, block 4 no layer to convert).
+    available = [[True, True, True, True]] * 3 + [[True, True, False, True],
+                                                  [True, False, False, True]]
+    seconds = [[0.0, 1.0, 1.8, 3.0]] * 5
+    freed = [0, 60, 75, 90]
 
     def held(tools):
         return sum(100 - freed[t] for t in tools)
 
-    tools, met = _C.plan_search(available, seconds, 400, 10.0, budget, held)
-    assert met == (_exhaustive(available, seconds, held, budget, 400) is not None)
-    cost, cheapest = _exhaustive(available, seconds, held, budget, 400)
-    assert held(tools) <= budget * 400
+    tools, met = _C.plan_search(available, seconds, 500, 10.0, budget, held)
+    assert met == (_exhaustive(available, seconds, held, budget, 500) is not None)
+    cost, cheapest = _exhaustive(available, seconds, held, budget, 500)
+    assert held(tools) <= budget * 500
     assert sum(seconds[b][t] for b, t in enumerate(tools)) == cost, (tools, cheapest)
 
 
 def test_search_reports_an_unreachable_budget():
-    tools, met = _C.plan_search([[True, False, True]], [[0.0, 0.0, 1.0]], 100, 1.0, 0.1,
-                                lambda tools: 100 - 50 * (tools[0] == 2))
+    checkpoint = TOOLS.index("checkpoint")
+    tools, met = _C.plan_search([[True, False, False, True]], [[0.0, 0.0, 0.0, 1.0]], 100, 1.0,
+                                0.1, lambda tools: 100 - 50 * (tools[0] == checkpoint))
     assert not met
-    assert tools == [2]
+    assert tools == [checkpoint]
     with pytest.raises(ValueError, match="2 blocks' tools available but 1 blocks' seconds"):
-        _C.plan_search([[True] * 3] * 2, [[0.0] * 3], 100, 1.0, 0.5, lambda tools: 0)
+        _C.plan_search([[True] * 4] * 2, [[0.0] * 4], 100, 1.0, 0.5, lambda tools: 0)
+    with pytest.raises(ValueError, match="block 0 has 3 and 3 entries; expected 4"):
+        _C.plan_search([[True] * 3], [[0.0] * 3], 100, 1.0, 0.5, lambda tools: 0)

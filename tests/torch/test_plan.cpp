@@ -87,6 +87,15 @@ TEST_CASE("torch: plan_memory meets its budget, and the model it leaves trains a
     // The head's 1x1 convolution reads a recomputable ReLU output; the first block's convolution
     // reads the data (skip_first), but its BatchNorm and ReLU convert.
     for (const auto& block : plan.blocks) CHECK(block.available[1]);
+    // Recomputing through layers applies to the four blocks, whose second BatchNorm follows a
+    // convolution with a recomputed input, and not to the head, a lone convolution.
+    const auto recompute = static_cast<std::size_t>(block_tool::recompute);
+    for (std::size_t b = 0; b < 4; ++b) {
+      CAPTURE(b);
+      CHECK(plan.blocks[b].available[recompute]);
+      CHECK(plan.blocks[b].freed_bytes[recompute] > plan.blocks[b].freed_bytes[1]);
+    }
+    CHECK_FALSE(plan.blocks[4].available[recompute]);
 
     // Measured here, on the model as the planner left it.
     const std::int64_t held = held_after_step(model, x);

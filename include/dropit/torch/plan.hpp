@@ -6,6 +6,10 @@
 ///   keep        the block as it is (dense);
 ///   convert     dropit's layers inside it (`convert`): exact recomputation of inputs that cheap
 ///               producers can give again, a DropIT cache for the rest;
+///   recompute   converted, and recomputing through layers (DropitOptions::recompute_layers): a
+///               producer after a layer whose input is recomputed (BatchNorm after a
+///               convolution after BatchNorm -> ReLU, GELU after a Linear after LayerNorm) keeps
+///               none of its input, for one more forward of that layer in backward;
 ///   checkpoint  the dense block run again in backward (`Checkpoint`): it holds its input only.
 ///
 /// Bytes are measured at the allocator on the caller's own training step, with the whole model in
@@ -63,11 +67,13 @@ struct BlockPlan {
   block_tool tool = block_tool::keep;
   /// Per tool (indexed by block_tool): bytes held after forward it frees with this block alone
   /// changed (measured), seconds it adds to a training step (checkpoint: the block's forward,
-  /// timed; convert: this block's share, by forward time, of what converting every block adds),
-  /// and whether it applies (convert needs a layer to convert).
-  std::array<std::int64_t, 3> freed_bytes{};
-  std::array<double, 3> added_seconds{};
-  std::array<bool, 3> available{true, false, true};
+  /// timed; convert: this block's share, by forward time, of what converting every block adds;
+  /// recompute: that, and its share of what recomputing through layers adds to converting), and
+  /// whether it applies (convert needs a layer to convert; recompute, a producer that frees more
+  /// than converting).
+  std::array<std::int64_t, ::dropit::block_tool_count> freed_bytes{};
+  std::array<double, ::dropit::block_tool_count> added_seconds{};
+  std::array<bool, ::dropit::block_tool_count> available{true, false, false, true};
 };
 
 struct MemoryPlan {
@@ -203,12 +209,15 @@ class plan_bench {
               tools[b] == block_tool::checkpoint ? block.checkpointed : block.original);
       // Then the layers inside: converted, or torch's again (a block that is one layer is its own
       // replacement, and its slot is set above unless converted).
+      const bool converted = tools[b] == block_tool::convert || tools[b] == block_tool::recompute;
       for (const replacement& r : block.replacements) {
         const bool is_slot = r.container == block.container && r.index == block.index;
-        if (tools[b] == block_tool::convert)
+        if (converted) {
+          set_recompute_layers(*r.replaced.ptr(), tools[b] == block_tool::recompute);
           install(*r.container, r.index, r.name, r.replaced);
-        else if (!is_slot)
+        } else if (!is_slot) {
           install(*r.container, r.index, r.name, r.original);
+        }
       }
     }
   }
@@ -304,34 +313,58 @@ class planner {
   /// (measured) and the time it adds. Differences of whole steps are too noisy for a single
   /// block's share (a few percent of a step), so: a checkpoint costs its block's forward once
   /// more, timed block by block; converting costs what converting every block costs, timed
-  /// against dense steps, shared among the blocks in proportion to their forward time.
+  /// against dense steps, shared among the blocks in proportion to their forward time; recomputing
+  /// through layers, that and its share, the same way, of what it adds to converting every block.
   void measure_tools() {
     const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
     bench_.held(dense);  // a first step: allocations, kernels' first-call set-up
     plan_.dense_held = bench_.held(dense);
     const std::vector<double> forward_seconds = bench_.forward_seconds();
-    std::vector<block_tool> convert_all = dense;
-    double convertible_forward = 0.0;
-    for (std::size_t b = 0; b < blocks_.size(); ++b)
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
+      BlockPlan& block = plan_.blocks[b];
+      block.available[index_of(block_tool::recompute)] = available(b, block_tool::convert);
+      for (const block_tool tool :
+           {block_tool::convert, block_tool::recompute, block_tool::checkpoint}) {
+        if (!available(b, tool)) continue;
+        std::vector<block_tool> alone = dense;
+        alone[b] = tool;
+        block.freed_bytes[index_of(tool)] = plan_.dense_held - bench_.held(alone);
+      }
+      // Recomputing through layers applies where it frees more than converting.
+      if (block.freed_bytes[index_of(block_tool::recompute)] <=
+          block.freed_bytes[index_of(block_tool::convert)])
+        block.available[index_of(block_tool::recompute)] = false;
+    }
+
+    std::vector<block_tool> convert_all = dense, recompute_all = dense;
+    double convertible_forward = 0.0, recomputable_forward = 0.0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) {
       if (available(b, block_tool::convert)) {
-        convert_all[b] = block_tool::convert;
+        convert_all[b] = recompute_all[b] = block_tool::convert;
         convertible_forward += forward_seconds[b];
       }
+      if (available(b, block_tool::recompute)) {
+        recompute_all[b] = block_tool::recompute;
+        recomputable_forward += forward_seconds[b];
+      }
+    }
     const auto [dense_seconds, convert_ratio] = bench_.time(convert_all);
     plan_.dense_seconds = dense_seconds;
     const double convert_seconds = std::max(0.0, convert_ratio - 1.0) * dense_seconds;
+    const double recompute_seconds =
+        recomputable_forward > 0.0
+            ? std::max(0.0, bench_.time(recompute_all).second - convert_ratio) * dense_seconds
+            : 0.0;
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       BlockPlan& block = plan_.blocks[b];
       block.added_seconds[index_of(block_tool::checkpoint)] = forward_seconds[b];
       if (available(b, block_tool::convert) && convertible_forward > 0.0)
         block.added_seconds[index_of(block_tool::convert)] =
             convert_seconds * forward_seconds[b] / convertible_forward;
-      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
-        if (!available(b, tool)) continue;
-        std::vector<block_tool> alone = dense;
-        alone[b] = tool;
-        block.freed_bytes[index_of(tool)] = plan_.dense_held - bench_.held(alone);
-      }
+      if (available(b, block_tool::recompute))
+        block.added_seconds[index_of(block_tool::recompute)] =
+            block.added_seconds[index_of(block_tool::convert)] +
+            recompute_seconds * forward_seconds[b] / recomputable_forward;
     }
   }
 
@@ -456,7 +489,8 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
   const ConvertReport full = converter.report();
   const auto converted_block = [&](const std::string& name) {
     for (std::size_t b = 0; b < blocks.size(); ++b)
-      if (tools[b] == block_tool::convert && detail::is_within(name, blocks[b].qualified))
+      if ((tools[b] == block_tool::convert || tools[b] == block_tool::recompute) &&
+          detail::is_within(name, blocks[b].qualified))
         return true;
     return false;
   };

@@ -15,9 +15,12 @@
 namespace dropit {
 
 /// What a memory planner does to one block: keep it dense, convert its layers (exact
-/// recomputation where cheap producers allow, a DropIT cache for the rest), or checkpoint it (run
-/// it again in backward; it holds its input only). Ordered from the least frugal.
-enum class block_tool : std::uint8_t { keep, convert, checkpoint };
+/// recomputation where cheap producers allow, a DropIT cache for the rest), recompute (convert,
+/// and recompute through layers too: a producer after a layer whose input is recomputed keeps
+/// none of its input, for that layer's forward again in backward), or checkpoint it (run it again
+/// in backward; it holds its input only). Ordered from the least frugal.
+enum class block_tool : std::uint8_t { keep, convert, recompute, checkpoint };
+inline constexpr std::size_t block_tool_count = 4;
 
 inline const char* tool_name(block_tool tool) {
   switch (tool) {
@@ -25,6 +28,8 @@ inline const char* tool_name(block_tool tool) {
       return "keep";
     case block_tool::convert:
       return "convert";
+    case block_tool::recompute:
+      return "recompute";
     case block_tool::checkpoint:
       return "checkpoint";
   }
@@ -36,8 +41,8 @@ namespace detail {
 /// What the search knows of one block, per tool (indexed by block_tool): whether it applies and
 /// the seconds it adds to a training step with this block alone changed.
 struct block_costs {
-  std::array<bool, 3> available{true, false, true};
-  std::array<double, 3> added_seconds{};
+  std::array<bool, block_tool_count> available{true, false, false, true};
+  std::array<double, block_tool_count> added_seconds{};
 };
 
 /// Bytes the model holds after forward with each block given its tool (measured, not modelled:
@@ -46,10 +51,11 @@ using held_bytes_of = std::function<std::int64_t(const std::vector<block_tool>&)
 
 /// Starting from every block kept, repeatedly takes the change that frees the most bytes per second
 /// it adds, until the model holds no more than the budget; then steps back what the budget no
-/// longer needs, most expensive first. The changes tried are each block's other tools and every
-/// kept block converted at once (as convert would). The bytes a change frees are measured in the
-/// configuration at hand; the time it adds is the sum of its blocks' alone, at least a floor below
-/// a timer's noise (0.1 % of the dense step).
+/// longer needs, most expensive first. Where one change seen on the way met the budget for fewer
+/// seconds in all (the last greedy step can overshoot), that plan, stepped back too, wins. The
+/// changes tried are each block's other tools and every kept block converted at once (as convert
+/// would). The bytes a change frees are measured in the configuration at hand; the time it adds is
+/// the sum of its blocks' alone, at least a floor below a timer's noise (0.1 % of the dense step).
 class plan_search {
  public:
   plan_search(std::vector<block_costs> blocks, std::int64_t dense_held, double dense_seconds,
@@ -64,6 +70,9 @@ class plan_search {
   std::vector<block_tool> run() {
     std::vector<block_tool> tools(blocks_.size(), block_tool::keep);
     std::int64_t held = dense_held_;
+    // The cheapest single change seen that meets the budget from where the search stood: the
+    // greedy step by bytes per second may overshoot where a dearer rate finishes for less.
+    std::vector<block_tool> finishing;
     while (static_cast<double>(held) > target_) {
       double best_score = 0.0;
       std::int64_t best_held = held;
@@ -76,13 +85,21 @@ class plan_search {
           best_held = change_held;
           best = change;
         }
+        if (static_cast<double>(change_held) <= target_ &&
+            (finishing.empty() || total_seconds(change) < total_seconds(finishing)))
+          finishing = change;
       }
       if (best.empty()) break;  // nothing left that frees more
       tools = std::move(best);
       held = best_held;
     }
     met_ = static_cast<double>(held) <= target_;
-    if (met_) step_back(tools);
+    if (!met_) return tools;
+    step_back(tools);
+    if (!finishing.empty()) {
+      step_back(finishing);
+      if (total_seconds(finishing) < total_seconds(tools)) return finishing;
+    }
     return tools;
   }
 
@@ -97,6 +114,12 @@ class plan_search {
     return blocks_[b].added_seconds[static_cast<std::size_t>(tool)];
   }
 
+  double total_seconds(const std::vector<block_tool>& tools) const {
+    double total = 0.0;
+    for (std::size_t b = 0; b < blocks_.size(); ++b) total += seconds(b, tools[b]);
+    return total;
+  }
+
   double added_cost(const std::vector<block_tool>& from, const std::vector<block_tool>& to) const {
     double cost = 0.0;
     for (std::size_t b = 0; b < blocks_.size(); ++b)
@@ -109,7 +132,8 @@ class plan_search {
     std::vector<block_tool> convert_kept = tools;
     std::size_t newly_converted = 0;
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
-      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
+      for (const block_tool tool :
+           {block_tool::convert, block_tool::recompute, block_tool::checkpoint}) {
         if (tool == tools[b] || !available(b, tool)) continue;
         changes.push_back(tools);
         changes.back()[b] = tool;
@@ -124,7 +148,7 @@ class plan_search {
   }
 
   /// The most expensive choices first, each stepped down to a tool before it (keep, convert,
-  /// checkpoint) that costs less, while the whole model still meets the budget.
+  /// recompute, checkpoint) that costs less, while the whole model still meets the budget.
   void step_back(std::vector<block_tool>& tools) const {
     std::vector<std::size_t> order(blocks_.size());
     for (std::size_t b = 0; b < order.size(); ++b) order[b] = b;
@@ -132,7 +156,8 @@ class plan_search {
       return seconds(a, tools[a]) > seconds(b, tools[b]);
     });
     for (const std::size_t b : order)
-      for (const block_tool cheaper : {block_tool::keep, block_tool::convert}) {
+      for (const block_tool cheaper :
+           {block_tool::keep, block_tool::convert, block_tool::recompute}) {
         if (cheaper >= tools[b] || !available(b, cheaper) ||
             seconds(b, cheaper) >= seconds(b, tools[b]))
           continue;
