@@ -100,13 +100,15 @@ struct DropitOptions {
   /// instead of caching it: exact, and nothing held of its own. `convert` swaps torch's producers
   /// for dropit's when this is on.
   TORCH_ARG(bool, recompute) = true;
-  /// Recompute through a layer too: a Linear or Conv2d whose input it recomputes marks its own
-  /// output as recomputable (its forward again), and a dropit producer reading that output (with
-  /// its `recompute_layers` on, as `convert` sets it from this) keeps none of it: backward runs the
-  /// chain again (BatchNorm2d after such a Conv2d, GELU after such a Linear). It frees the
-  /// producer's input for one more forward of the layer in backward (two where another layer
-  /// recomputes the producer's output); the gradients upstream of the producer then agree with
-  /// dense within rounding. Off by default; the memory planner turns it on per block.
+  /// Recompute through a layer too: a Linear or Conv2d whose input it recomputes (from producers
+  /// only, not through another layer) marks its own output as recomputable (its forward again),
+  /// and a dropit producer reading that output (with its `recompute_layers` on, as `convert` sets
+  /// it from this) keeps none of it: backward runs the chain again (BatchNorm2d after such a
+  /// Conv2d, GELU after such a Linear). It frees the producer's input for one more forward of the
+  /// layer in backward (two where another layer recomputes the producer's output); a chain runs
+  /// one layer at most, so the cost stays one forward per freed input whatever the depth. The
+  /// gradients upstream of the producer then agree with dense within rounding. Off by default;
+  /// the memory planner turns it on per block.
   TORCH_ARG(bool, recompute_layers) = false;
 };
 
@@ -139,7 +141,7 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
           at::Tensor output = RecomputedInputLinearFunction::apply(
               input, weight, compat::optional_argument(bias, weight), *recomputable);
-          if (dropit.recompute_layers())
+          if (dropit.recompute_layers() && !recomputable->recipe.runs_layer())
             detail::mark_recomputable(
                 output, detail::chained(detail::layer_recipe(detail::producer_recipe::kind::linear),
                                         {weight, bias}, *recomputable));
@@ -197,7 +199,7 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
           at::Tensor output = RecomputedInputConv2dFunction::apply(
               input, weight, compat::optional_argument(bias, weight), params_, *recomputable);
-          if (dropit.recompute_layers())
+          if (dropit.recompute_layers() && !recomputable->recipe.runs_layer())
             detail::mark_recomputable(
                 output, detail::chained(
                             detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
