@@ -7,11 +7,15 @@
   and recomputes its input in backward, exactly (the same kernels on the same tensors; after
   BatchNorm in training, one affine pass from the statistics it saved, within rounding), and its
   weight gradient is the dense one.
+- With ``recompute_layers``, the output of such a layer (its forward again on the recomputed
+  input), which a producer then keeps none of (BatchNorm after a convolution after BatchNorm ->
+  ReLU, GELU after a linear layer after LayerNorm): one more forward of the layer in backward.
 
 Both are read off eager tensors; torch.compile does not trace them (its partitioner recomputes
 cheap producers itself), so a compiled layer caches.
 """
 
+import functools
 from typing import Callable, Optional, Tuple
 
 import torch
@@ -23,7 +27,8 @@ _FUSED_ATTENTION_NODES = frozenset((
     "ScaledDotProductFlashAttentionForCpuBackward0", "ScaledDotProductFlashAttentionBackward0",
     "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"))
 
-# The attribute a producer's output carries: (its version when produced, recompute, sources).
+# The attribute a producer's output carries: (its version when produced, the sources' versions,
+# recompute, sources, whether recompute runs a layer's forward).
 _RECIPE = "_dropit_recompute"
 
 
@@ -36,36 +41,64 @@ def kept_by_attention(input: torch.Tensor) -> bool:
     return node is not None and node.name() in _FUSED_ATTENTION_NODES
 
 
-def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch.Tensor):
+def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch.Tensor,
+                      runs_layer: bool = False):
     """Marks ``output`` as ``recompute(*sources)``: the sources are tensors autograd keeps anyway
-    (the producer's input, parameters)."""
+    (the producer's input, parameters); ``runs_layer``: recompute runs a layer's forward again."""
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         versions = tuple(source._version for source in sources)
-        setattr(output, _RECIPE, (output._version, versions, recompute, sources))
+        setattr(output, _RECIPE, (output._version, versions, recompute, sources, runs_layer))
     return output
 
 
-def recipe_of(input: torch.Tensor) -> Optional[Tuple[Callable, tuple]]:
-    """(recompute, sources) of an untouched producer output, else None (also under autocast, where
-    the layer computes in another dtype than the producer's output)."""
+def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
+    """(recompute, sources, runs_layer) of an untouched marked output, else None (also under
+    autocast, where the layer computes in another dtype than the producer's output)."""
     recipe = input.__dict__.get(_RECIPE)
     if recipe is None:
         return None
-    version, source_versions, recompute, sources = recipe
+    version, source_versions, recompute, sources, runs_layer = recipe
     if version != input._version or torch.is_autocast_enabled(input.device.type) or any(
             source._version != v for source, v in zip(sources, source_versions)):
         return None  # modified in place since, or computed in another dtype
-    return recompute, sources
+    return recompute, sources, runs_layer
 
 
-def recomputable(input: torch.Tensor) -> bool:
+def recipe_of(input: torch.Tensor,
+              through_layers: bool = False) -> Optional[Tuple[Callable, tuple]]:
+    """(recompute, sources) of an untouched producer output, else None; a recipe that runs a
+    layer's forward again counts only ``through_layers``."""
+    found = marked(input)
+    if found is None or (found[2] and not through_layers):
+        return None
+    return found[0], found[1]
+
+
+def _present(*tensors) -> tuple:
+    return tuple(t for t in tensors if t is not None)
+
+
+def _linear_after(recompute: Callable, has_bias: bool, weight, *rest) -> torch.Tensor:
+    bias, inner = (rest[0], rest[1:]) if has_bias else (None, rest)
+    return F.linear(recompute(*inner), weight, bias)
+
+
+def _convolution_after(recompute: Callable, has_bias: bool, arguments: tuple, weight,
+                       *rest) -> torch.Tensor:
+    bias, inner = (rest[0], rest[1:]) if has_bias else (None, rest)
+    stride, padding, dilation, groups = arguments
+    return torch.ops.aten.convolution(recompute(*inner), weight, bias, stride, padding, dilation,
+                                      False, [0] * len(stride), groups)
+
+
+def recomputable(input: torch.Tensor, through_layers: bool = False) -> bool:
     """Whether ``input`` is a producer's untouched output, which a layer can recompute."""
-    return recipe_of(input) is not None
+    return recipe_of(input, through_layers) is not None
 
 
-def reusable(input: torch.Tensor) -> bool:
+def reusable(input: torch.Tensor, through_layers: bool = False) -> bool:
     """Whether a linear layer reading ``input`` needs no cache of it."""
-    return kept_by_attention(input) or recomputable(input)
+    return kept_by_attention(input) or recomputable(input, through_layers)
 
 
 class RecomputedInputLinear(torch.autograd.Function):
@@ -94,19 +127,24 @@ class RecomputedInputLinear(torch.autograd.Function):
         return (grad_input, grad_weight, grad_bias, None) + (None,) * len(sources)
 
 
-def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor,
-                         bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                         through_layers: bool = False) -> Optional[torch.Tensor]:
     """``F.linear`` that needs no cache of ``input``, or None where the input is neither of the
-    above and the layer caches it."""
+    above and the layer caches it. ``through_layers``: an input recomputed through a layer counts,
+    and the output of one recomputed from producers only is marked as recomputable too."""
     if torch.compiler.is_compiling():
         return None
     if kept_by_attention(input):
         return F.linear(input, weight, bias)
-    recipe = recipe_of(input)
-    if recipe is None:
+    found = marked(input)
+    if found is None or (found[2] and not through_layers):
         return None
-    recompute, sources = recipe
-    return RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
+    recompute, sources, runs_layer = found
+    output = RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
+    if through_layers and not runs_layer:  # a chain runs one layer at most
+        mark_recomputable(output, functools.partial(_linear_after, recompute, bias is not None),
+                          weight, *_present(bias), *sources, runs_layer=True)
+    return output
 
 
 class RecomputedInputConvolution(torch.autograd.Function):
@@ -142,14 +180,72 @@ class RecomputedInputConvolution(torch.autograd.Function):
 
 def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
                                   bias: Optional[torch.Tensor], stride, padding, dilation,
-                                  groups: int) -> Optional[torch.Tensor]:
+                                  groups: int,
+                                  through_layers: bool = False) -> Optional[torch.Tensor]:
     """A zero-padded convolution that needs no cache of ``input``, or None where the input is no
-    producer's untouched output and the layer caches it."""
+    producer's untouched output and the layer caches it; ``through_layers`` as for linear."""
     if torch.compiler.is_compiling():
         return None
-    recipe = recipe_of(input)
-    if recipe is None:
+    found = marked(input)
+    if found is None or (found[2] and not through_layers):
         return None
-    recompute, sources = recipe
-    return RecomputedInputConvolution.apply(input, weight, bias, list(stride), list(padding),
-                                            list(dilation), groups, recompute, *sources)
+    recompute, sources, runs_layer = found
+    arguments = (list(stride), list(padding), list(dilation), groups)
+    output = RecomputedInputConvolution.apply(input, weight, bias, *arguments, recompute, *sources)
+    if through_layers and not runs_layer:  # a chain runs one layer at most
+        mark_recomputable(output, functools.partial(_convolution_after, recompute,
+                                                    bias is not None, arguments),
+                          weight, *_present(bias), *sources, runs_layer=True)
+    return output
+
+
+class RecomputedInputProducer(torch.autograd.Function):
+    """A producer (LayerNorm, BatchNorm2d, GELU, SiLU) keeping none of its input, which
+    ``recompute(*sources)`` gives again: forward is ``produce(input)``, the producer's own forward
+    (running statistics included); backward recomputes the input and differentiates
+    ``reproduce(input)``, the same output with nothing updated, with respect to the input and the
+    producer's ``weight`` and ``bias`` (None where it has none)."""
+
+    @staticmethod
+    def forward(ctx, input, produce, reproduce, recompute, weight, bias, *sources):
+        ctx.reproduce, ctx.recompute, ctx.parameters = reproduce, recompute, (weight, bias)
+        ctx.save_for_backward(*sources)
+        return produce(input)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        with torch.no_grad():
+            input = ctx.recompute(*ctx.saved_tensors)
+        wants_input, wants_weight, wants_bias = ctx.needs_input_grad[0], *ctx.needs_input_grad[4:6]
+        parameters = [p for p, wanted in zip(ctx.parameters, (wants_weight, wants_bias)) if wanted]
+        with torch.enable_grad():
+            input = input.detach().requires_grad_(wants_input)
+            targets = [input] * wants_input + parameters
+            grads = list(torch.autograd.grad(ctx.reproduce(input), targets, grad_output)
+                         if targets else ())
+        grad_input = grads.pop(0) if wants_input else None
+        grad_weight = grads.pop(0) if wants_weight else None
+        grad_bias = grads.pop(0) if wants_bias else None
+        return ((grad_input, None, None, None, grad_weight, grad_bias)
+                + (None,) * len(ctx.saved_tensors))
+
+
+def _produced_after(reproduce: Callable, recompute: Callable, *sources) -> torch.Tensor:
+    return reproduce(recompute(*sources))
+
+
+def produce_recomputing_input(input: torch.Tensor, produce: Callable, reproduce: Callable,
+                              weight: Optional[torch.Tensor],
+                              bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A producer's forward keeping none of ``input`` when a layer's forward can give it again
+    (``recompute_layers``), its output marked as recomputable through that layer; else None."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return None
+    found = marked(input)
+    if found is None or not found[2]:
+        return None
+    recompute, sources, _ = found
+    output = RecomputedInputProducer.apply(input, produce, reproduce, recompute, weight, bias,
+                                           *sources)
+    return mark_recomputable(output, functools.partial(_produced_after, reproduce, recompute),
+                             *sources, runs_layer=True)

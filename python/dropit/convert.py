@@ -279,7 +279,8 @@ class _FirstForwardProbe:
 def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
             granularity: str = "element", chunk_size: int = 16384, relu: bool = True,
             skip_first: bool = True, exclude: Union[str, Iterable[str]] = (), seed: int = 0,
-            rescale: bool = False, example_input=None, recompute: bool = True) -> ConvertReport:
+            rescale: bool = False, example_input=None, recompute: bool = True,
+            recompute_layers: bool = False) -> ConvertReport:
     """Replaces, in place, every nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.MultiheadAttention
     and Hugging Face Conv1D of ``model`` (held as attributes or in Sequential, ModuleList or
     ModuleDict, at any depth) by a dropit layer that shares its parameters, and every nn.ReLU by
@@ -287,6 +288,12 @@ def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
     by a producer whose output a dropit linear or convolution layer reading it (directly or through
     the 1-bit-mask ReLU) recomputes in backward instead of caching (exact: the producer keeps its
     input anyway) when ``recompute``. State dicts are unchanged.
+
+    recompute_layers: recompute through a layer too: a linear or convolution layer whose input it
+        recomputes marks its own output, and a producer reading that output keeps none of its input
+        (BatchNorm after a convolution after BatchNorm -> ReLU, GELU after a linear layer after
+        LayerNorm), running the layer's forward again in backward; gradients upstream of such a
+        producer then agree with dense within rounding.
 
     skip_first: leave dense the layers whose input is the model's own input (the batch, which stays
         alive anyway). Decided in the forward on ``example_input`` when given (the dense layer is
@@ -302,6 +309,10 @@ def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
     patterns = [exclude] if isinstance(exclude, str) else list(exclude)
     converter = _Converter(chosen, relu, recompute, patterns)
     converter.visit(model, "")
+    if recompute_layers:
+        for _, replacement, _ in converter.places.values():
+            if isinstance(replacement, (dnn._CachingLayer, dnn._Producer)):
+                replacement._recompute_layers = True
     if example_input is not None:
         _measure(model, example_input, converter, skip_first)
     elif skip_first and converter.caching_layers():

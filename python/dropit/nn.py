@@ -56,6 +56,9 @@ class _CachingLayer:
     # Set by convert's skip_first on a layer found fed by the model's own input in the model's
     # first forward (the model may be wrapped by then, so the layer stays): it runs dense.
     _runs_dense = False
+    # Set by convert's recompute_layers: an input recomputable through a layer's forward counts,
+    # and the output of a recomputed input is marked recomputable in turn.
+    _recompute_layers = False
 
     def _caches(self) -> bool:
         if not (self.training and torch.is_grad_enabled() and self._learns()) or self._runs_dense:
@@ -110,7 +113,7 @@ class _LinearLayer(_CachingLayer):
     _channel_axis = -1
 
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
-        return [(input, not _reuse.reusable(input))]
+        return [(input, not _reuse.reusable(input, self._recompute_layers))]
 
 
 class Linear(_LinearLayer, nn.Linear):
@@ -126,7 +129,7 @@ class Linear(_LinearLayer, nn.Linear):
         weight, bias = self._parameter("weight"), self._parameter("bias")
         if not self._caches():
             return F.linear(input, weight, bias)
-        output = _reuse.linear_reusing_input(input, weight, bias)
+        output = _reuse.linear_reusing_input(input, weight, bias, self._recompute_layers)
         if output is not None:
             return output
         return self._call(functional._linear, input, weight, bias)
@@ -151,7 +154,7 @@ class TransposedLinear(_LinearLayer, nn.Module):
         if not self._caches():  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(bias, input.view(-1, input.size(-1)), weight).view(shape)
-        output = _reuse.linear_reusing_input(input, weight.t(), bias)
+        output = _reuse.linear_reusing_input(input, weight.t(), bias, self._recompute_layers)
         if output is not None:
             return output
         return self._call(functional._linear, input, weight.t(), bias)
@@ -201,7 +204,8 @@ class _Convolution(_CachingLayer):
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         if input.dim() == len(self.kernel_size) + 1:
             input = input.unsqueeze(0)
-        if self._explicit_padding()[0] is None and _reuse.recomputable(input):
+        if (self._explicit_padding()[0] is None
+                and _reuse.recomputable(input, self._recompute_layers)):
             return [(input, False)]
         return [(self._padded(input)[0], True)]
 
@@ -219,7 +223,8 @@ class _Convolution(_CachingLayer):
         pre_pad, padding = self._explicit_padding()
         if pre_pad is None:
             output = _reuse.convolution_recomputing_input(input, weight, bias, self.stride,
-                                                          padding, self.dilation, self.groups)
+                                                          padding, self.dilation, self.groups,
+                                                          self._recompute_layers)
             if output is not None:
                 return output
         return self._convolve(self._pre_padded(input, pre_pad), weight, bias, padding)
@@ -456,7 +461,11 @@ class _Producer:
     """What LayerNorm, BatchNorm2d, GELU and SiLU share: their output, read by a dropit linear or
     convolution layer (directly or through a dropit ReLU), is recomputed in that layer's backward
     from the input they keep for their own backward anyway, so the layer caches nothing and its
-    weight gradient is the dense one (after BatchNorm in training, within rounding)."""
+    weight gradient is the dense one (after BatchNorm in training, within rounding). With
+    ``_recompute_layers`` (convert's recompute_layers), one reading the output of a layer whose
+    input is recomputed keeps none of its input: backward runs that layer's forward again."""
+
+    _recompute_layers = False
 
     @classmethod
     def from_dense(cls, dense: nn.Module):
@@ -467,6 +476,12 @@ class _Producer:
         return layer
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self._recompute_layers:
+            output = _reuse.produce_recomputing_input(input, super().forward, self._recompute,
+                                                      getattr(self, "weight", None),
+                                                      getattr(self, "bias", None))
+            if output is not None:
+                return output
         output = super().forward(input)
         if output is input:  # in place: nothing left to recompute from
             return output
@@ -490,8 +505,14 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
     the CPU within the last bit); without them it runs the kernel again."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        output = nn.BatchNorm2d.forward(self, input)
         batch_statistics = self.training or not self.track_running_stats
+        if self._recompute_layers:
+            output = _reuse.produce_recomputing_input(
+                input, functools.partial(nn.BatchNorm2d.forward, self),
+                functools.partial(self._recompute, batch_statistics), self.weight, self.bias)
+            if output is not None:
+                return output
+        output = nn.BatchNorm2d.forward(self, input)
         statistics = _native_batch_statistics(output) if batch_statistics else None
         if statistics is not None:
             return _reuse.mark_recomputable(output, self._normalise, input, *statistics)
@@ -572,11 +593,12 @@ class ReLU(nn.ReLU):
         if not (torch.is_grad_enabled() and input.requires_grad):
             return F.relu(input, inplace=self.inplace)
         output = functional.relu(input)
-        recipe = None if torch.compiler.is_compiling() else _reuse.recipe_of(input)
-        if recipe is None:
+        found = None if torch.compiler.is_compiling() else _reuse.marked(input)
+        if found is None:
             return output
-        recompute, sources = recipe
-        return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources)
+        recompute, sources, runs_layer = found
+        return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources,
+                                        runs_layer=runs_layer)
 
 
 def _relu_of(recompute, *sources) -> torch.Tensor:

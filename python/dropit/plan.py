@@ -1,6 +1,7 @@
 """The memory planner: for each block of a model one tool — keep it dense, ``convert`` it (exact
-recomputation where cheap producers allow, a DropIT cache for the rest) or checkpoint it — so that
-the model holds no more than a budget of its dense activation bytes after forward, at the least
+recomputation where cheap producers allow, a DropIT cache for the rest), recompute (converted, and
+recomputing through layers: ``convert``'s recompute_layers) or checkpoint it — so that the model
+holds no more than a budget of its dense activation bytes after forward, at the least
 measured step time. The search is the LibTorch planner's (``dropit::torch::plan_memory``), shared
 through the extension; the measurements are made here, on the caller's own training step.
 
@@ -27,9 +28,8 @@ from .nn import Checkpoint
 
 __all__ = ["BlockPlan", "MemoryPlan", "plan_memory"]
 
-# The search's tools, in its order. "recompute" (convert, and recompute through a layer, as the
-# LibTorch planner's blocks can) never applies here: this package's producers do not recompute
-# through layers.
+# The search's tools, in its order: keep, convert, recompute (convert with recompute_layers) and
+# checkpoint.
 TOOLS = ("keep", "convert", "recompute", "checkpoint")
 
 
@@ -39,7 +39,8 @@ class BlockPlan:
     tool: str = "keep"
     # Per tool, with this block alone changed: bytes held after forward it frees (measured) and
     # seconds it adds to a step (checkpoint: the block's forward, timed; convert: its share, by
-    # forward time, of what converting every block adds). Tools that do not apply are absent.
+    # forward time, of what converting every block adds; recompute: that, and its share of what
+    # recomputing through layers adds to converting). Tools that do not apply are absent.
     freed_bytes: Dict[str, int] = field(default_factory=dict)
     added_seconds: Dict[str, float] = field(default_factory=dict)
 
@@ -208,8 +209,8 @@ class _Bench:
 def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: float = 0.5, *,
                 containers: Iterable[str] = (), gamma: float = 0.9, timing_rounds: int = 5,
                 **convert_options) -> MemoryPlan:
-    """Plans and applies, in place, one tool per block (keep, convert, checkpoint) so that
-    ``model`` holds no more than ``budget`` (in (0, 1]) of its dense activation bytes after
+    """Plans and applies, in place, one tool per block (keep, convert, recompute, checkpoint) so
+    that ``model`` holds no more than ``budget`` (in (0, 1]) of its dense activation bytes after
     forward, at the least measured step time. ``loss_fn()`` runs one forward of the model on a
     representative batch and returns the scalar loss; the planner calls it (and backward) up to a
     few hundred times.
@@ -252,20 +253,26 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
 
     # The model converted once, as a twin sharing its parameters and buffers, so that exclude
     # patterns count from the root as convert counts them; each block's converted form is the
-    # twin's module at the block's place.
+    # twin's module at the block's place. (deepcopy fills the memo it is given: each copy gets its
+    # own, or the second would be the first.)
     shared = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
     try:
-        twin = copy.deepcopy(model, memo=shared)
+        twin = copy.deepcopy(model, memo=dict(shared))
     except Exception as error:
         raise ValueError(f"plan_memory: {type(model).__name__} cannot be copied ({error}); the "
                          "planner converts a copy of the model's modules that shares its "
                          "parameters, so plan the model before wrapping it") from error
-    report = convert(twin, gamma=gamma, **{"skip_first": False, **convert_options})
+    options = {"skip_first": False, **convert_options}
+    report = convert(twin, gamma=gamma, **{**options, "recompute_layers": False})
+    # A second twin recomputing through layers too: the recompute tool.
+    deep_twin = copy.deepcopy(model, memo=dict(shared))
+    convert(deep_twin, gamma=gamma, **{**options, "recompute_layers": True})
     converted = [layer.name for layer in report.converted]
     plans = []
     for block in blocks:
         if any(name == block.name or name.startswith(block.name + ".") for name in converted):
             block.modules["convert"] = twin.get_submodule(block.name)
+            block.modules["recompute"] = deep_twin.get_submodule(block.name)
         block.modules["checkpoint"] = Checkpoint(block.original)
         plans.append(BlockPlan(block.name))
 
@@ -277,22 +284,39 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
         bench.held(dense_tools)  # a first step: allocations, kernels' first-call set-up
         plan.dense_held = bench.held(dense_tools)
         forward = bench.forward_seconds()
+        for b, block in enumerate(blocks):
+            freed = plans[b].freed_bytes
+            for tool in ("convert", "recompute", "checkpoint"):
+                if tool in block.modules:
+                    alone = list(dense_tools)
+                    alone[b] = tool
+                    freed[tool] = plan.dense_held - bench.held(alone)
+            # Recomputing through layers applies where it frees more than converting.
+            if "recompute" in freed and freed["recompute"] <= freed["convert"]:
+                del block.modules["recompute"], freed["recompute"]
         convertible = [b for b, block in enumerate(blocks) if "convert" in block.modules]
+        recomputable = [b for b, block in enumerate(blocks) if "recompute" in block.modules]
         convert_all = ["convert" if b in convertible else "keep" for b in range(len(blocks))]
         plan.dense_seconds, convert_ratio = bench.time(convert_all)
         convert_seconds = max(0.0, convert_ratio - 1.0) * plan.dense_seconds
         convertible_forward = sum(forward[b] for b in convertible)
+        recomputable_forward = sum(forward[b] for b in recomputable)
+        recompute_seconds = 0.0
+        if recomputable_forward > 0:
+            recompute_all = ["recompute" if b in recomputable else tool
+                             for b, tool in enumerate(convert_all)]
+            recompute_seconds = (max(0.0, bench.time(recompute_all)[1] - convert_ratio)
+                                 * plan.dense_seconds)
         for b, block in enumerate(blocks):
             costs = plans[b]
             costs.added_seconds = {"keep": 0.0, "checkpoint": forward[b]}
             if b in convertible:
                 costs.added_seconds["convert"] = (convert_seconds * forward[b] / convertible_forward
                                                   if convertible_forward > 0 else 0.0)
-            for tool in costs.added_seconds:
-                if tool != "keep":
-                    alone = list(dense_tools)
-                    alone[b] = tool
-                    costs.freed_bytes[tool] = plan.dense_held - bench.held(alone)
+            if b in recomputable:
+                costs.added_seconds["recompute"] = (
+                    costs.added_seconds["convert"]
+                    + recompute_seconds * forward[b] / recomputable_forward)
 
         codes, plan.met = _C.plan_search(
             [[tool in costs.added_seconds for tool in TOOLS] for costs in plans],

@@ -73,10 +73,35 @@ def test_plan_meets_its_budget_and_trains_as_dense_where_exact(device, budget):
     # input gradient of a converted layer is exact, only its own weight gradient is approximate.
     want, got = _gradients(dense, x, y), _gradients(model, x, y)
     exact = [name for name in want if not any(
-        name.startswith(block.name + ".") for block in plan.blocks if block.tool == "convert")]
+        name.startswith(block.name + ".") for block in plan.blocks
+        if block.tool in ("convert", "recompute"))]
     assert len(exact) >= 4
     for name in exact:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_plan_offers_recompute_where_a_batch_norm_follows_a_recomputing_convolution():
+    # Blocks conv -> BatchNorm -> ReLU -> conv -> BatchNorm -> ReLU: converted, the second
+    # convolution recomputes its input; recomputing through it, the second BatchNorm keeps none of
+    # its input either.
+    def block():
+        return nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8),
+                             nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1, bias=False),
+                             nn.BatchNorm2d(8), nn.ReLU())
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(),
+                          nn.Sequential(block(), block(), block()), nn.AdaptiveAvgPool2d(1),
+                          nn.Flatten(), nn.Linear(8, 10))
+    x, y = _batch("cpu")
+    dense_held = _held(copy.deepcopy(model), x, y, "cpu")
+    plan = dropit.plan_memory(model, lambda: F.cross_entropy(model(x), y), budget=0.4,
+                              containers=["2"], timing_rounds=1)
+    for block_plan in plan.blocks:
+        assert block_plan.freed_bytes["recompute"] > block_plan.freed_bytes["convert"], str(plan)
+        assert "recompute" in block_plan.added_seconds
+    assert plan.met, str(plan)
+    assert _held(model, x, y, "cpu") <= 0.4 * dense_held
 
 
 def test_budget_one_keeps_every_block():

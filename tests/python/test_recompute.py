@@ -243,3 +243,71 @@ def test_a_convolution_caches_without_the_1_bit_relu_in_between():
     report = dropit.convert(model, gamma=0.9, relu=False, example_input=torch.randn(2, 3, 8, 8))
     assert all(not layer.reuses_input for layer in report.converted)
     assert type(model[2]) is nn.ReLU
+
+
+def test_recompute_layers_frees_the_gelu_input_with_dense_gradients():
+    dense = Stack()
+    model, default = copy.deepcopy(dense), copy.deepcopy(dense)
+    x = torch.randn(256, 64)
+    dropit.convert(model, gamma=0.9, recompute_layers=True)
+    dropit.convert(default, gamma=0.9)
+    for _ in range(2):  # the first step also allocates the gradients
+        held, default_held = held_after_forward(model, x), held_after_forward(default, x)
+    # Held: the LayerNorm's input and statistics only. The last linear layer recomputes the GELU's
+    # output through the linear layer before it, and the GELU its input the same way; without
+    # recompute_layers the GELU keeps its input.
+    width, rows = 256, 256
+    assert 4 * rows * width <= held <= 4 * rows * width + 4 * 2 * rows + 4096
+    assert default_held >= 4 * rows * 3 * width
+    actual, expected = gradients(model, x), gradients(dense, x)
+    for name in expected:  # the same kernels on the same tensors: bitwise
+        assert torch.equal(actual[name], expected[name]), name
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_recompute_layers_frees_the_input_of_a_batch_norm_after_a_recomputing_convolution(
+        training):
+    dense = conv_stack()
+    model = copy.deepcopy(dense)
+    for net in (dense, model):
+        for norm in (net[1], net[4]):
+            norm.train(training)
+    x = torch.randn(8, 3, 24, 24)
+    dropit.convert(model, gamma=0.9, recompute_layers=True)
+    for _ in range(2):  # the first step also allocates the gradients
+        held = held_after_forward(model, x)
+        held_after_forward(dense, x)  # the same steps: running statistics stay comparable
+    # Held: the first BatchNorm's input (and per-channel statistics), the ReLUs' 1-bit masks; not
+    # the second BatchNorm's input, which the convolution before it gives again.
+    activation = 4 * 8 * 16 * 24 * 24
+    assert activation <= held <= activation + 2 * activation // 32 + 4096
+    actual, expected = gradients(model, x), gradients(dense, x)
+    for name in expected:
+        # In training, the second BatchNorm's input is recomputed from the first's statistics in
+        # one affine pass: every gradient upstream of it within rounding of torch's.
+        torch.testing.assert_close(actual[name], expected[name], rtol=0,
+                                   atol=1e-5 * expected[name].abs().max().item())
+        if not training:  # the running statistics: the same kernels on the same tensors
+            assert torch.equal(actual[name], expected[name]), name
+    for (name, a), b in zip(model.named_buffers(), dense.buffers()):
+        assert torch.equal(a, b), name  # running statistics move as torch's do
+
+
+def test_recompute_layers_runs_one_layer_again_at_most():
+    # LayerNorm -> linear -> LayerNorm -> linear -> SiLU -> linear: the second LayerNorm keeps
+    # nothing (its input is the first linear layer's forward again); the second linear layer
+    # recomputes its input through that layer, so its own output is not offered again and the SiLU
+    # keeps its input: backward never runs two layers' forwards to recompute one tensor.
+    torch.manual_seed(4)
+    dense = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 48), nn.LayerNorm(48),
+                          nn.Linear(48, 48), nn.SiLU(), nn.Linear(48, 16))
+    model = copy.deepcopy(dense)
+    dropit.convert(model, gamma=0.9, skip_first=False, recompute_layers=True)
+    x = torch.randn(4, 8, 32)
+    for _ in range(2):  # the first step also allocates the gradients
+        held = held_after_forward(model, x)
+    silu_input, statistics = 4 * 4 * 8 * 48, 4 * 4 * 8 * 4
+    assert silu_input <= held <= silu_input + statistics + 4096
+    actual, expected = gradients(model, x), gradients(dense, x)
+    for name in expected:  # the same kernels on the same tensors: bitwise
+        assert torch.equal(actual[name], expected[name]), name
