@@ -78,6 +78,19 @@ def _present(*tensors) -> tuple:
     return tuple(t for t in tensors if t is not None)
 
 
+# A chain recomputing a layer's or producer's input on the way leaves it in a memo (a dict) shared
+# with that layer's or producer's own backward, which takes it instead of computing it again; it
+# lives from the chain's backward to the owner's, the next few nodes.
+def _remembered(recompute: Callable, memo: dict, *sources) -> torch.Tensor:
+    memo["value"] = value = recompute(*sources)
+    return value
+
+
+def _taken(recompute: Callable, memo: dict, *sources) -> torch.Tensor:
+    value = memo.pop("value", None)
+    return value if value is not None else recompute(*sources)
+
+
 def _linear_after(recompute: Callable, has_bias: bool, weight, *rest) -> torch.Tensor:
     bias, inner = (rest[0], rest[1:]) if has_bias else (None, rest)
     return F.linear(recompute(*inner), weight, bias)
@@ -140,11 +153,15 @@ def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor, bias: Option
     if found is None or (found[2] and not through_layers):
         return None
     recompute, sources, runs_layer = found
-    output = RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
-    if through_layers and not runs_layer:  # a chain runs one layer at most
-        mark_recomputable(output, functools.partial(_linear_after, recompute, bias is not None),
-                          weight, *_present(bias), *sources, runs_layer=True)
-    return output
+    if not (through_layers and not runs_layer):  # a chain runs one layer at most
+        return RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
+    memo = {}
+    output = RecomputedInputLinear.apply(input, weight, bias,
+                                         functools.partial(_taken, recompute, memo), *sources)
+    return mark_recomputable(
+        output, functools.partial(_linear_after, functools.partial(_remembered, recompute, memo),
+                                  bias is not None),
+        weight, *_present(bias), *sources, runs_layer=True)
 
 
 class RecomputedInputConvolution(torch.autograd.Function):
@@ -191,12 +208,17 @@ def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
         return None
     recompute, sources, runs_layer = found
     arguments = (list(stride), list(padding), list(dilation), groups)
-    output = RecomputedInputConvolution.apply(input, weight, bias, *arguments, recompute, *sources)
-    if through_layers and not runs_layer:  # a chain runs one layer at most
-        mark_recomputable(output, functools.partial(_convolution_after, recompute,
-                                                    bias is not None, arguments),
-                          weight, *_present(bias), *sources, runs_layer=True)
-    return output
+    if not (through_layers and not runs_layer):  # a chain runs one layer at most
+        return RecomputedInputConvolution.apply(input, weight, bias, *arguments, recompute,
+                                                *sources)
+    memo = {}
+    output = RecomputedInputConvolution.apply(input, weight, bias, *arguments,
+                                              functools.partial(_taken, recompute, memo), *sources)
+    return mark_recomputable(
+        output, functools.partial(_convolution_after,
+                                  functools.partial(_remembered, recompute, memo),
+                                  bias is not None, arguments),
+        weight, *_present(bias), *sources, runs_layer=True)
 
 
 class RecomputedInputProducer(torch.autograd.Function):
@@ -245,7 +267,11 @@ def produce_recomputing_input(input: torch.Tensor, produce: Callable, reproduce:
     if found is None or not found[2]:
         return None
     recompute, sources, _ = found
-    output = RecomputedInputProducer.apply(input, produce, reproduce, recompute, weight, bias,
-                                           *sources)
-    return mark_recomputable(output, functools.partial(_produced_after, reproduce, recompute),
-                             *sources, runs_layer=True)
+    memo = {}
+    output = RecomputedInputProducer.apply(input, produce, reproduce,
+                                           functools.partial(_taken, recompute, memo), weight,
+                                           bias, *sources)
+    return mark_recomputable(
+        output, functools.partial(_produced_after, reproduce,
+                                  functools.partial(_remembered, recompute, memo)),
+        *sources, runs_layer=True)

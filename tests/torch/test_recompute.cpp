@@ -7,10 +7,15 @@
 // Where the mark no longer holds (the output changed in place, autocast, recompute off) the layer
 // caches as before.
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include <ATen/record_function.h>
 
 #include "torch_helpers.hpp"
 
@@ -43,6 +48,9 @@ std::int64_t held_after_forward(nn::Sequential& model, const at::Tensor& x) {
   }
   return held;
 }
+
+/// aten::linear calls seen by a RecordFunction callback (which takes no captures).
+std::atomic<int> linear_calls{0};
 
 /// The gradients of sum(y²) with respect to the input and every parameter.
 std::vector<at::Tensor> model_gradients(nn::Sequential& model, const at::Tensor& x) {
@@ -92,6 +100,20 @@ TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none
   // The same kernels on the same tensors: bit for bit.
   check_equal(model_gradients(model, x), model_gradients(dense, x));
 
+  SUBCASE("backward runs the middle Linear's forward once") {
+    // The last Linear recomputes the GELU's output through it; the GELU takes the input that left
+    // on the way instead of running the Linear again.
+    at::Tensor y = model->forward(x);
+    linear_calls = 0;
+    const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
+        [](const at::RecordFunction& function) -> std::unique_ptr<at::ObserverContext> {
+          if (std::string_view(function.name()) == "aten::linear") ++linear_calls;
+          return nullptr;
+        }));
+    y.square().sum().backward();
+    at::removeCallback(counting);
+    CHECK(linear_calls == 1);
+  }
   SUBCASE("off, the GELU keeps its input") {
     nn::Sequential default_model = make_stack();
     dt::convert(default_model, ConvertOptions().dropit(DropitOptions().gamma(0.9)));

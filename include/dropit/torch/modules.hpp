@@ -138,15 +138,14 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
       if (dropit.recompute())
-        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
-          at::Tensor output = RecomputedInputLinearFunction::apply(
-              input, weight, compat::optional_argument(bias, weight), *recomputable);
-          if (dropit.recompute_layers() && !recomputable->recipe.runs_layer())
-            detail::mark_recomputable(
-                output, detail::chained(detail::layer_recipe(detail::producer_recipe::kind::linear),
-                                        {weight, bias}, *recomputable));
-          return output;
-        }
+        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
+          return detail::layer_on_recomputed_input(
+              *recomputable, dropit.recompute_layers(),
+              detail::layer_recipe(detail::producer_recipe::kind::linear), weight, bias,
+              [&](const detail::recomputable_input& saved) {
+                return RecomputedInputLinearFunction::apply(
+                    input, weight, compat::optional_argument(bias, weight), saved);
+              });
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return LinearFunction::apply(x, w, compat::optional_argument(b, w),
                                    dropit.spec(-1, calls_++));
@@ -196,16 +195,14 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
       if (dropit.recompute())
-        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers())) {
-          at::Tensor output = RecomputedInputConv2dFunction::apply(
-              input, weight, compat::optional_argument(bias, weight), params_, *recomputable);
-          if (dropit.recompute_layers() && !recomputable->recipe.runs_layer())
-            detail::mark_recomputable(
-                output, detail::chained(
-                            detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
-                            {weight, bias}, *recomputable));
-          return output;
-        }
+        if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
+          return detail::layer_on_recomputed_input(
+              *recomputable, dropit.recompute_layers(),
+              detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_), weight, bias,
+              [&](const detail::recomputable_input& saved) {
+                return RecomputedInputConv2dFunction::apply(
+                    input, weight, compat::optional_argument(bias, weight), params_, saved);
+              });
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return Conv2dFunction::apply(x, w, compat::optional_argument(b, w), params_,
                                    dropit.spec(1, calls_++));

@@ -35,6 +35,13 @@
 namespace dropit::torch {
 namespace detail {
 
+/// A tensor recomputed inside a longer chain, handed to the function that recomputes it for its
+/// own backward (its owner), which takes it instead of computing it again. It lives from the
+/// chain's backward to the owner's, the next few nodes.
+struct recompute_memo : ::torch::CustomClassHolder {
+  at::Tensor value;
+};
+
 /// How a producer computes its output from its sources. With `input` set, the producer's input is
 /// no source: that recipe computes it again from the sources after this recipe's own (a chain
 /// through a layer, see DropitOptions::recompute_layers).
@@ -55,6 +62,9 @@ struct producer_recipe {
   /// own sources (the ones before the input recipe's).
   std::shared_ptr<const producer_recipe> input;
   std::int64_t parameters = 0;
+  /// Where a chain computing this recipe (as another's input) leaves its output for the function
+  /// that owns it (see recompute_memo); none where nothing else recomputes it.
+  c10::intrusive_ptr<recompute_memo> memo;
 
   /// Whether computing the output runs a Linear or Conv2d forward again.
   bool runs_layer() const {
@@ -66,11 +76,18 @@ struct producer_recipe {
   /// inverse standard deviation when the forward's autograd node keeps them); gelu and silu
   /// (input); linear and conv2d (input, weight, bias). With `input` set, the first is left out and
   /// the input recipe's sources follow.
+  /// The output its owner needs: the one a chain left in the memo, else computed.
+  at::Tensor take_or_compute(const std::vector<at::Tensor>& sources) const {
+    if (memo && memo->value.defined()) return std::exchange(memo->value, at::Tensor());
+    return compute(sources);
+  }
+
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output;
     if (input) {
       std::vector<at::Tensor> own{input->compute(std::vector<at::Tensor>(
           sources.begin() + static_cast<std::ptrdiff_t>(parameters), sources.end()))};
+      if (input->memo) input->memo->value = own.front();
       own.insert(own.end(), sources.begin(),
                  sources.begin() + static_cast<std::ptrdiff_t>(parameters));
       output = compute_producer(own);
@@ -156,6 +173,7 @@ struct producer_recipe {
         convolution.groups};
     ctx->saved_data[prefix + "_parameters"] = input ? parameters : std::int64_t{-1};
     if (input) input->save(ctx, prefix + "_input");
+    if (memo) ctx->saved_data[prefix + "_memo"] = c10::IValue::make_capsule(memo);
   }
   static producer_recipe load(::torch::autograd::AutogradContext* ctx,
                               const std::string& prefix = "recipe") {
@@ -173,6 +191,8 @@ struct producer_recipe {
       r.input = std::make_shared<const producer_recipe>(load(ctx, prefix + "_input"));
     else
       r.parameters = 0;
+    if (const auto found = ctx->saved_data.find(prefix + "_memo"); found != ctx->saved_data.end())
+      r.memo = c10::static_intrusive_pointer_cast<recompute_memo>(found->second.toCapsule());
     return r;
   }
 };
@@ -182,6 +202,13 @@ struct recomputable_input {
   producer_recipe recipe;
   std::vector<at::Tensor> sources;
 };
+
+/// `recomputable` with a fresh memo: for a function that recomputes it and a chain, marked on its
+/// output, that computes it on the way (the function takes what the chain left).
+inline recomputable_input with_memo(recomputable_input recomputable) {
+  recomputable.recipe.memo = c10::make_intrusive<recompute_memo>();
+  return recomputable;
+}
 
 /// `outer` applied to the output `inner` recomputes: `outer`'s own sources (its input left out)
 /// first, then `inner`'s.
@@ -288,7 +315,7 @@ inline void save_weight_and_recipe(::torch::autograd::AutogradContext* ctx,
 inline at::Tensor recompute_input(::torch::autograd::AutogradContext* ctx,
                                   const ::torch::autograd::variable_list& saved) {
   const at::NoGradGuard no_grad;
-  return producer_recipe::load(ctx).compute(
+  return producer_recipe::load(ctx).take_or_compute(
       std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
 }
 
@@ -436,7 +463,7 @@ struct RecomputedInputProducerFunction
     at::Tensor input;
     {
       const at::NoGradGuard no_grad;
-      input = detail::producer_recipe::load(ctx).compute(
+      input = detail::producer_recipe::load(ctx).take_or_compute(
           std::vector<at::Tensor>(saved.begin() + 4, saved.end()));
     }
     const std::array<bool, 3> wanted{ctx->needs_input_grad(0),
@@ -479,6 +506,22 @@ inline producer_recipe layer_recipe(producer_recipe::kind what, const conv2d_par
   return recipe;
 }
 
+/// A Linear's or Conv2d's forward on a recomputed input: `apply(recomputable)` runs its function.
+/// With `recompute_layers`, on an input recomputed from producers only (a chain runs one layer at
+/// most, so that backward runs one layer forward per freed input whatever the depth), its output
+/// is marked as `layer` chained after the input, the function and the chain sharing a memo of the
+/// input (a producer's backward that recomputes this output leaves the input for the layer's).
+template <class Apply>
+at::Tensor layer_on_recomputed_input(const recomputable_input& recomputable, bool recompute_layers,
+                                     producer_recipe layer, const at::Tensor& weight,
+                                     const at::Tensor& bias, Apply apply) {
+  const bool offered = recompute_layers && !recomputable.recipe.runs_layer();
+  const recomputable_input saved = offered ? with_memo(recomputable) : recomputable;
+  at::Tensor output = apply(saved);
+  if (offered) mark_recomputable(output, chained(std::move(layer), {weight, bias}, saved));
+  return output;
+}
+
 /// The recipe of `input` when a producer reading it should keep none of it: `recompute_layers` on
 /// and `input` an output recomputable through a layer (which holds nothing of it either).
 inline std::optional<recomputable_input> input_through_layer(bool recompute_layers,
@@ -494,9 +537,10 @@ inline std::optional<recomputable_input> input_through_layer(bool recompute_laye
 inline at::Tensor produce_recomputing_input(const producer_call& call, const at::Tensor& input,
                                             const at::Tensor& weight, const at::Tensor& bias,
                                             const recomputable_input& recomputable) {
+  const recomputable_input remembered = with_memo(recomputable);
   const ::torch::autograd::variable_list outputs = RecomputedInputProducerFunction::apply(
       input, compat::optional_argument(weight, input), compat::optional_argument(bias, input), call,
-      recomputable);
+      remembered);
   // The recipe's sources after its input, as `producer_recipe::compute` reads them.
   std::vector<at::Tensor> parameters;
   if (call.recipe.what == producer_recipe::kind::layer_norm) parameters = {weight, bias};
@@ -507,7 +551,7 @@ inline at::Tensor produce_recomputing_input(const producer_call& call, const at:
     else
       parameters.insert(parameters.end(), {call.running_mean, call.running_var});
   }
-  mark_recomputable(outputs[0], chained(call.recipe, std::move(parameters), recomputable));
+  mark_recomputable(outputs[0], chained(call.recipe, std::move(parameters), remembered));
   return outputs[0];
 }
 
