@@ -148,7 +148,8 @@ def report(context, cases, label):
             "exactly. checkpoint = `checkpoint_each(blocks)`: every residual or transformer block "
             "checkpointed, dense inside. plan b = `plan_memory(model, loss, "
             "PlanOptions().budget(b))`: per block (stem and head layers, residual or transformer "
-            "blocks) keep, convert (as dropit) or checkpoint, to hold at most b of dense after "
+            "blocks) keep, convert (as dropit), recompute (convert, recomputing through one layer "
+            "too: `recompute_layers`) or checkpoint, to hold at most b of dense after "
             "forward at the least measured time. Targets: dropit no slower than dense; plan 0.5 "
             "≤ 0.50× held at ≤ 1.03× time; plan 0.3 ≤ 0.30× at ≤ 1.10×.",
             "",
