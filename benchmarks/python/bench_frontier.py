@@ -10,8 +10,8 @@ Variants (each a training step: forward, loss, backward, SGD):
   attention and recomputes everything else (torch's documented example policy);
 - compiled dense and compiled dropit: ``torch.compile(model, fullgraph=True)`` (inductor) with
   ``torch._functorch.config.activation_memory_budget`` = 1.0, 0.5, 0.3, 0.2;
-- with ``--plan 0.5 ...``, eager plan B: ``dropit.plan_memory`` at budget B (keep, convert or
-  checkpoint per block, planned on the workload's own loss before the timed steps).
+- with ``--plan 0.5 ...``, eager plan B: ``dropit.plan_memory`` at budget B (keep, convert,
+  recompute or checkpoint per block, planned on the workload's own loss before the timed steps).
 
 Each budget runs in a process of its own (the budget is global compiler configuration), with eager
 dense as the baseline beside the two compiled models; the eager variants share one more process.

@@ -96,8 +96,8 @@ Trained train(const fmnist::Options& o, const fmnist::Variant& variant,
                         .seed(o.seed))
             .relu(o.relu_mask);
     if (variant.budget > 0) {
-      // Or let the planner choose per block: keep, convert as above, or checkpoint, measured on
-      // the first training batch.
+      // Or let the planner choose per block: keep, convert as above, recompute (convert, and
+      // through one layer too) or checkpoint, measured on the first training batch.
       const std::int64_t batch = std::min(o.batch_size, data.train.size());
       const torch::Tensor images = data.train.images.narrow(0, 0, batch);
       const torch::Tensor labels = data.train.labels.narrow(0, 0, batch);

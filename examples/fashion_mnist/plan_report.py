@@ -67,7 +67,7 @@ def main():
         "The example models of `examples/fashion_mnist` trained dense, with dropit (`convert`: "
         "γ = 0.9 chunked min-k, 1-bit ReLU, exact recomputation after LayerNorm, GELU and "
         "BatchNorm → ReLU) and with `plan_memory` at each budget (per block: keep, convert as "
-        "dropit, or checkpoint; planned on the first training batch). Within a run every variant "
+        "dropit, recompute or checkpoint; planned on the first training batch). Within a run every variant "
         "starts from the same weights and sees the same data in the same order. Made by "
         f"`scripts/plan-accuracy` on {machine()}, in {int(args.elapsed) // 60} min "
         f"{int(args.elapsed) % 60} s for its {len(runs)} program runs; every setting below is read "
