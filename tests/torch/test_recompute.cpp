@@ -233,24 +233,42 @@ nn::Sequential make_conv_stack(std::uint64_t seed) {
   return stack;
 }
 
+/// The conv stack converted with `dropit` (and the 1-bit ReLU) beside its dense twin, both having
+/// run the same forwards (so that their running statistics stay comparable), and the bytes each
+/// holds after forward.
+struct converted_conv_stack {
+  explicit converted_conv_stack(const DropitOptions& dropit)
+      : report(dt::convert(model, ConvertOptions().relu(true).dropit(dropit))) {
+    // The last convolution reads a recomputed input.
+    CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
+    dense->forward(x);
+    dense_held = held_after_forward(dense, x);
+    held = held_after_forward(model, x);
+    MESSAGE("held after forward: dense ", dense_held, " B, converted ", held, " B");
+  }
+
+  nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
+  dt::ConvertReport report;
+  at::Tensor x = ::torch::randn({8, 3, 24, 24});
+  std::int64_t dense_held = 0, held = 0;
+};
+
+/// Bytes of one of the stack's 16-channel activations.
+constexpr std::int64_t conv_activation = 4 * 8 * 16 * 24 * 24;
+
 }  // namespace
 
 TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs") {
-  nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
-  const dt::ConvertReport report =
-      dt::convert(model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9)));
-  CHECK(report.converted == std::vector<std::string>{"2", "3", "5", "6"});  // "0" reads the data
-  CHECK(report.producers == std::vector<std::string>{"1", "4"});
-  const at::Tensor x = ::torch::randn({8, 3, 24, 24});
-  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
-  dense->forward(x);  // the same forwards, so the running statistics stay comparable
+  converted_conv_stack stack(DropitOptions().gamma(0.9));
+  nn::Sequential &dense = stack.dense, &model = stack.model;
+  const at::Tensor& x = stack.x;
+  CHECK(stack.report.converted == std::vector<std::string>{"2", "3", "5", "6"});  // "0": the data
+  CHECK(stack.report.producers == std::vector<std::string>{"1", "4"});
 
   // Held: both BatchNorms' inputs (and their per-channel statistics) and the ReLUs' 1-bit masks.
   // Dense also holds both ReLU outputs, which the next convolutions save.
-  const std::int64_t dense_held = held_after_forward(dense, x);
-  const std::int64_t held = held_after_forward(model, x);
-  const std::int64_t activation = 4 * 8 * 16 * 24 * 24;
-  MESSAGE("held after forward: dense ", dense_held, " B, recomputing ", held, " B");
+  const std::int64_t held = stack.held, dense_held = stack.dense_held;
+  const std::int64_t activation = conv_activation;
   CHECK(held >= 2 * activation + 2 * activation / 32);
   CHECK(held <= 2 * activation + 2 * activation / 32 + 4096);
   CHECK(dense_held >= 4 * activation);
@@ -295,20 +313,14 @@ TEST_CASE("torch: Conv2d layers after BatchNorm2d -> ReLU recompute their inputs
 }
 
 TEST_CASE("torch: recompute_layers: BatchNorm2d after a recomputing Conv2d keeps none of it") {
-  nn::Sequential dense = make_conv_stack(11), model = make_conv_stack(11);
-  dt::convert(
-      model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9).recompute_layers(true)));
-  const at::Tensor x = ::torch::randn({8, 3, 24, 24});
   // The last convolution reads BatchNorm 4 -> ReLU 5, which recomputes through convolution 3.
-  CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputConv2d") != std::string::npos);
-  dense->forward(x);  // the same forwards, so the running statistics stay comparable
+  converted_conv_stack stack(DropitOptions().gamma(0.9).recompute_layers(true));
+  nn::Sequential &dense = stack.dense, &model = stack.model;
+  const at::Tensor& x = stack.x;
 
   // Held: the first BatchNorm's input and both ReLUs' 1-bit masks (and per-channel statistics);
   // not BatchNorm 4's input, which convert without recompute_layers keeps.
-  const std::int64_t dense_held = held_after_forward(dense, x);
-  const std::int64_t held = held_after_forward(model, x);
-  const std::int64_t activation = 4 * 8 * 16 * 24 * 24;
-  MESSAGE("held after forward: dense ", dense_held, " B, recomputing through layers ", held, " B");
+  const std::int64_t held = stack.held, activation = conv_activation;
   CHECK(held >= activation + 2 * activation / 32);
   CHECK(held <= activation + 2 * activation / 32 + 4096);
 
