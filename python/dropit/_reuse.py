@@ -91,17 +91,39 @@ def _taken(recompute: Callable, memo: dict, *sources) -> torch.Tensor:
     return value if value is not None else recompute(*sources)
 
 
-def _linear_after(recompute: Callable, has_bias: bool, weight, *rest) -> torch.Tensor:
+def _linear_after(has_bias: bool, recompute: Callable, weight, *rest) -> torch.Tensor:
     bias, inner = (rest[0], rest[1:]) if has_bias else (None, rest)
     return F.linear(recompute(*inner), weight, bias)
 
 
-def _convolution_after(recompute: Callable, has_bias: bool, arguments: tuple, weight,
+def _convolution_after(arguments: tuple, has_bias: bool, recompute: Callable, weight,
                        *rest) -> torch.Tensor:
     bias, inner = (rest[0], rest[1:]) if has_bias else (None, rest)
     stride, padding, dilation, groups = arguments
     return torch.ops.aten.convolution(recompute(*inner), weight, bias, stride, padding, dilation,
                                       False, [0] * len(stride), groups)
+
+
+def _layer_on_recomputed_input(input: torch.Tensor, through_layers: bool, apply: Callable,
+                               after: Callable, weight: torch.Tensor,
+                               bias: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A linear or convolution layer's forward on a recomputed ``input``: ``apply(recompute,
+    sources)`` runs its function; None where the input is no recomputable output (one recomputed
+    through a layer counts only ``through_layers``). With ``through_layers``, on an input
+    recomputed from producers only (a chain runs one layer at most), the output is marked as
+    ``after(recompute, weight, bias, *sources)``, the function and that chain sharing a memo of the
+    input."""
+    found = marked(input)
+    if found is None or (found[2] and not through_layers):
+        return None
+    recompute, sources, runs_layer = found
+    if not through_layers or runs_layer:
+        return apply(recompute, sources)
+    memo = {}
+    output = apply(functools.partial(_taken, recompute, memo), sources)
+    return mark_recomputable(
+        output, functools.partial(after, functools.partial(_remembered, recompute, memo)),
+        weight, *_present(bias), *sources, runs_layer=True)
 
 
 def recomputable(input: torch.Tensor, through_layers: bool = False) -> bool:
@@ -149,19 +171,11 @@ def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor, bias: Option
         return None
     if kept_by_attention(input):
         return F.linear(input, weight, bias)
-    found = marked(input)
-    if found is None or (found[2] and not through_layers):
-        return None
-    recompute, sources, runs_layer = found
-    if not (through_layers and not runs_layer):  # a chain runs one layer at most
-        return RecomputedInputLinear.apply(input, weight, bias, recompute, *sources)
-    memo = {}
-    output = RecomputedInputLinear.apply(input, weight, bias,
-                                         functools.partial(_taken, recompute, memo), *sources)
-    return mark_recomputable(
-        output, functools.partial(_linear_after, functools.partial(_remembered, recompute, memo),
-                                  bias is not None),
-        weight, *_present(bias), *sources, runs_layer=True)
+    return _layer_on_recomputed_input(
+        input, through_layers,
+        lambda recompute, sources: RecomputedInputLinear.apply(input, weight, bias, recompute,
+                                                               *sources),
+        functools.partial(_linear_after, bias is not None), weight, bias)
 
 
 class RecomputedInputConvolution(torch.autograd.Function):
@@ -203,22 +217,12 @@ def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
     producer's untouched output and the layer caches it; ``through_layers`` as for linear."""
     if torch.compiler.is_compiling():
         return None
-    found = marked(input)
-    if found is None or (found[2] and not through_layers):
-        return None
-    recompute, sources, runs_layer = found
     arguments = (list(stride), list(padding), list(dilation), groups)
-    if not (through_layers and not runs_layer):  # a chain runs one layer at most
-        return RecomputedInputConvolution.apply(input, weight, bias, *arguments, recompute,
-                                                *sources)
-    memo = {}
-    output = RecomputedInputConvolution.apply(input, weight, bias, *arguments,
-                                              functools.partial(_taken, recompute, memo), *sources)
-    return mark_recomputable(
-        output, functools.partial(_convolution_after,
-                                  functools.partial(_remembered, recompute, memo),
-                                  bias is not None, arguments),
-        weight, *_present(bias), *sources, runs_layer=True)
+    return _layer_on_recomputed_input(
+        input, through_layers,
+        lambda recompute, sources: RecomputedInputConvolution.apply(
+            input, weight, bias, *arguments, recompute, *sources),
+        functools.partial(_convolution_after, arguments, bias is not None), weight, bias)
 
 
 class RecomputedInputProducer(torch.autograd.Function):

@@ -297,10 +297,7 @@ class LayerNormImpl : public ::torch::nn::Cloneable<LayerNormImpl> {
     recipe.what = detail::producer_recipe::kind::layer_norm;
     recipe.normalized_shape = options.normalized_shape();
     recipe.eps = options.eps();
-    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
-      return detail::produce_recomputing_input(producer_call(recipe), input, weight, bias,
-                                               *through_layer);
-    return detail::produce(std::move(recipe), {input, weight, bias});
+    return detail::produce(std::move(recipe), {input, weight, bias}, recompute_layers);
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -410,10 +407,7 @@ class GELUImpl : public ::torch::nn::Cloneable<GELUImpl> {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::gelu;
     recipe.approximate = approximate;
-    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
-      return detail::produce_recomputing_input(producer_call(recipe), input, {}, {},
-                                               *through_layer);
-    return detail::produce(std::move(recipe), {input});
+    return detail::produce(std::move(recipe), {input}, recompute_layers);
   }
 
   void pretty_print(std::ostream& stream) const override {
@@ -435,10 +429,7 @@ class SiLUImpl : public ::torch::nn::Cloneable<SiLUImpl> {
   at::Tensor forward(const at::Tensor& input) {
     detail::producer_recipe recipe;
     recipe.what = detail::producer_recipe::kind::silu;
-    if (const auto through_layer = detail::input_through_layer(recompute_layers, input))
-      return detail::produce_recomputing_input(producer_call(recipe), input, {}, {},
-                                               *through_layer);
-    return detail::produce(std::move(recipe), {input});
+    return detail::produce(std::move(recipe), {input}, recompute_layers);
   }
 
   void pretty_print(std::ostream& stream) const override { stream << "dropit::torch::SiLU()"; }

@@ -76,12 +76,6 @@ struct producer_recipe {
   /// inverse standard deviation when the forward's autograd node keeps them); gelu and silu
   /// (input); linear and conv2d (input, weight, bias). With `input` set, the first is left out and
   /// the input recipe's sources follow.
-  /// The output its owner needs: the one a chain left in the memo, else computed.
-  at::Tensor take_or_compute(const std::vector<at::Tensor>& sources) const {
-    if (memo && memo->value.defined()) return std::exchange(memo->value, at::Tensor());
-    return compute(sources);
-  }
-
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output;
     if (input) {
@@ -97,6 +91,12 @@ struct producer_recipe {
     // In place on the fresh producer output: one activation transient in backward, as dense
     // holds. max(x, 0), as dropit's ReLU kernel computed it in forward.
     return relu ? output.relu_() : output;
+  }
+
+  /// The output its owner needs: the one a chain left in the memo, else computed.
+  at::Tensor take_or_compute(const std::vector<at::Tensor>& sources) const {
+    if (memo && memo->value.defined()) return std::exchange(memo->value, at::Tensor());
+    return compute(sources);
   }
 
   /// BatchNorm's forward: torch's kernel (the one torch::nn::BatchNorm2d reaches on the CPU), as
@@ -171,8 +171,10 @@ struct producer_recipe {
         convolution.stride[0],  convolution.stride[1],   convolution.padding[0],
         convolution.padding[1], convolution.dilation[0], convolution.dilation[1],
         convolution.groups};
-    ctx->saved_data[prefix + "_parameters"] = input ? parameters : std::int64_t{-1};
-    if (input) input->save(ctx, prefix + "_input");
+    if (input) {
+      ctx->saved_data[prefix + "_parameters"] = parameters;
+      input->save(ctx, prefix + "_input");
+    }
     if (memo) ctx->saved_data[prefix + "_memo"] = c10::IValue::make_capsule(memo);
   }
   static producer_recipe load(::torch::autograd::AutogradContext* ctx,
@@ -186,11 +188,11 @@ struct producer_recipe {
     r.relu = ctx->saved_data[prefix + "_relu"].toBool();
     const std::vector<std::int64_t> c = ctx->saved_data[prefix + "_convolution"].toIntVector();
     r.convolution = conv2d_params_of({c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]);
-    r.parameters = ctx->saved_data[prefix + "_parameters"].toInt();
-    if (r.parameters >= 0)
+    if (const auto found = ctx->saved_data.find(prefix + "_parameters");
+        found != ctx->saved_data.end()) {
+      r.parameters = found->second.toInt();
       r.input = std::make_shared<const producer_recipe>(load(ctx, prefix + "_input"));
-    else
-      r.parameters = 0;
+    }
     if (const auto found = ctx->saved_data.find(prefix + "_memo"); found != ctx->saved_data.end())
       r.memo = c10::static_intrusive_pointer_cast<recompute_memo>(found->second.toCapsule());
     return r;
@@ -553,6 +555,19 @@ inline at::Tensor produce_recomputing_input(const producer_call& call, const at:
   }
   mark_recomputable(outputs[0], chained(call.recipe, std::move(parameters), remembered));
   return outputs[0];
+}
+
+/// The forward of a producer whose sources are its input, then its weight and bias if it has
+/// them (LayerNorm, GELU, SiLU): marked as recomputable from them, or, with `recompute_layers` and
+/// an input recomputable through a layer, keeping none of that input.
+inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>& sources,
+                          bool recompute_layers) {
+  if (const auto through_layer = input_through_layer(recompute_layers, sources.at(0)))
+    return produce_recomputing_input(producer_call(std::move(recipe)), sources[0],
+                                     sources.size() > 1 ? sources[1] : at::Tensor(),
+                                     sources.size() > 2 ? sources[2] : at::Tensor(),
+                                     *through_layer);
+  return produce(std::move(recipe), sources);
 }
 
 }  // namespace detail
