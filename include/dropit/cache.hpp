@@ -75,6 +75,8 @@ struct cache_layout {
   int channel_axis = 0;
   std::int64_t outer = 0, channels = 0, inner = 0, kept_channels = 0;
 
+  friend bool operator==(const cache_layout&, const cache_layout&) = default;
+
   DROPIT_HOST_DEVICE std::int64_t numel() const { return shape.numel(); }
   DROPIT_HOST_DEVICE std::int64_t full_chunk_count() const {
     return chunk_size == 0 ? 0 : numel() / chunk_size;

@@ -271,19 +271,18 @@ namespace detail {
 struct remembered_cache {
   std::optional<c10::weak_intrusive_ptr<c10::TensorImpl>> input, values, positions;
   std::uint32_t input_version = 0;
-  std::vector<std::int64_t> layout;
+  cache_layout layout{};
 
   /// The cache of `from` under `wanted` if this is it, still alive, and `from` has not been written
   /// since (torch's version counter counts every in-place write, views' included).
   std::optional<saved_cache> find(const at::Tensor& from, const cache_layout& wanted) const {
-    if (!input || from._version() != input_version) return std::nullopt;
+    if (!input || from._version() != input_version || !(layout == wanted)) return std::nullopt;
     const auto same_input = input->lock();
     if (!same_input || same_input.get() != from.unsafeGetTensorImpl()) return std::nullopt;
-    saved_cache cache;
-    cache.layout = wanted;
-    if (cache.packed_layout() != layout) return std::nullopt;
     auto kept_values = values->lock(), kept_positions = positions->lock();
     if (!kept_values || !kept_positions) return std::nullopt;
+    saved_cache cache;
+    cache.layout = wanted;
     cache.values = at::Tensor(std::move(kept_values));
     cache.positions = at::Tensor(std::move(kept_positions));
     return cache;
@@ -294,7 +293,7 @@ struct remembered_cache {
     input_version = from._version();
     values = c10::weak_intrusive_ptr<c10::TensorImpl>(cache.values.getIntrusivePtr());
     positions = c10::weak_intrusive_ptr<c10::TensorImpl>(cache.positions.getIntrusivePtr());
-    layout = cache.packed_layout();
+    layout = cache.layout;
   }
 };
 
