@@ -51,6 +51,11 @@ def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch
     return output
 
 
+def carries_recipe(input: torch.Tensor) -> bool:
+    """Whether ``input`` was marked at all: the cheap first test of a layer's every call."""
+    return _RECIPE in input.__dict__
+
+
 def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     """(recompute, sources, runs_layer) of an untouched marked output, else None (also under
     autocast, where the layer computes in another dtype than the producer's output)."""
@@ -171,6 +176,8 @@ def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor, bias: Option
         return None
     if kept_by_attention(input):
         return F.linear(input, weight, bias)
+    if not carries_recipe(input):
+        return None
     return _layer_on_recomputed_input(
         input, through_layers,
         lambda recompute, sources: RecomputedInputLinear.apply(input, weight, bias, recompute,
@@ -215,7 +222,7 @@ def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
                                   through_layers: bool = False) -> Optional[torch.Tensor]:
     """A zero-padded convolution that needs no cache of ``input``, or None where the input is no
     producer's untouched output and the layer caches it; ``through_layers`` as for linear."""
-    if torch.compiler.is_compiling():
+    if torch.compiler.is_compiling() or not carries_recipe(input):
         return None
     arguments = (list(stride), list(padding), list(dilation), groups)
     return _layer_on_recomputed_input(

@@ -37,12 +37,14 @@ class _CachingLayer:
         self._policy_arguments = _C.PolicyArguments(*self._dropit_arguments)
         self._draws_keys = self.dropit_policy.policy == "random"
 
-    def _parameter(self, name: str):
-        """``getattr(self, name)`` without nn.Module.__getattr__ for a registered parameter
-        (a Python function, called only after the ordinary lookup fails: a cost a small layer's
-        call notices). Anything else (a parametrization's property) is read as usual."""
+    def _weight_and_bias(self) -> tuple:
+        """(self.weight, self.bias) without nn.Module.__getattr__ for registered parameters (a
+        Python function, called only after the ordinary lookup fails: a cost a small layer's call
+        notices). Anything else (a parametrization's property) is read as usual."""
         parameters = self._parameters
-        return parameters[name] if name in parameters else getattr(self, name)
+        if "weight" in parameters and "bias" in parameters:
+            return parameters["weight"], parameters["bias"]
+        return self.weight, self.bias
 
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         """(tensor, cached) for each tensor the layer reads for its weight gradient in a call on
@@ -51,7 +53,7 @@ class _CachingLayer:
 
     def _learns(self) -> bool:
         """Whether a weight the layer caches its input for needs a gradient."""
-        return self._parameter("weight").requires_grad
+        return self._weight_and_bias()[0].requires_grad
 
     # Set by convert's skip_first on a layer found fed by the model's own input in the model's
     # first forward (the model may be wrapped by then, so the layer stays): it runs dense.
@@ -60,10 +62,13 @@ class _CachingLayer:
     # and the output of a recomputed input is marked recomputable in turn.
     _recompute_layers = False
 
-    def _caches(self) -> bool:
-        if not (self.training and torch.is_grad_enabled() and self._learns()) or self._runs_dense:
+    def _caches(self, weight: Optional[torch.Tensor] = None) -> bool:
+        """Whether this call caches; ``weight``: the layer's weight, already read (else
+        ``_learns`` decides)."""
+        learns = self._learns() if weight is None else weight.requires_grad
+        if not (self.training and learns and torch.is_grad_enabled()) or self._runs_dense:
             return False
-        if torch.jit.is_tracing():
+        if torch._C._is_tracing():  # torch.jit.is_tracing() less its scripting test
             raise RuntimeError(f"{type(self).__name__}: a dropit layer in training mode cannot be "
                                "traced (the trace would record the dense operation); trace the "
                                "model in eval mode")
@@ -79,11 +84,18 @@ class _CachingLayer:
         if self._draws_keys:
             key = torch.randint(2**62, (), dtype=torch.int64, device="cpu")
         direct = functional._DIRECT.get(operator)
-        if direct is not None and functional._direct(arguments):
+        if direct is not None and functional._direct(arguments[:3]):  # input, weight, bias
             return direct(*arguments, self._policy_arguments, key)
         if key is None:
             return operator(*arguments, *self._dropit_arguments)
         return operator(*arguments, *self._dropit_arguments, key)
+
+    def _plain_call(self, input: torch.Tensor, *parameters) -> bool:
+        """Whether this call is the common one, which the operator's direct entry serves alone:
+        eager, on plain tensors, no key to draw, and an input that is no view (of attention's
+        output) and no producer's output (see _reuse)."""
+        return (functional._direct((input, *parameters)) and not self._draws_keys
+                and input._base is None and not _reuse.carries_recipe(input))
 
     @classmethod
     def from_dense(cls, dense: nn.Module, dropit_policy: Optional[Policy] = None, **fields):
@@ -126,9 +138,11 @@ class Linear(_LinearLayer, nn.Linear):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._parameter("weight"), self._parameter("bias")
-        if not self._caches():
+        weight, bias = self._weight_and_bias()
+        if not self._caches(weight):
             return F.linear(input, weight, bias)
+        if self._plain_call(input, weight, bias):
+            return _C.linear(input, weight, bias, self._policy_arguments, None)
         output = _reuse.linear_reusing_input(input, weight, bias, self._recompute_layers)
         if output is not None:
             return output
@@ -150,8 +164,8 @@ class TransposedLinear(_LinearLayer, nn.Module):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._parameter("weight"), self._parameter("bias")
-        if not self._caches():  # Hugging Face's own computation
+        weight, bias = self._weight_and_bias()
+        if not self._caches(weight):  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(bias, input.view(-1, input.size(-1)), weight).view(shape)
         output = _reuse.linear_reusing_input(input, weight.t(), bias, self._recompute_layers)
@@ -180,6 +194,8 @@ class _Convolution(_CachingLayer):
     def _explicit_padding(self):
         """(padding applied by F.pad first or None, the convolution's own symmetric zero
         padding)."""
+        if self.padding_mode == "zeros" and not isinstance(self.padding, str):
+            return None, self.padding  # what torch's own forward reads on every call
         # torch keeps [before, after] pairs, last dimension first, for every padding ('same' too).
         pads = list(self._reversed_padding_repeated_twice)
         before, after = pads[0::2], pads[1::2]
@@ -210,8 +226,8 @@ class _Convolution(_CachingLayer):
         return [(self._padded(input)[0], True)]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._parameter("weight"), self._parameter("bias")
-        if not self._caches():
+        weight, bias = self._weight_and_bias()
+        if not self._caches(weight):
             return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
         if input.dim() == dims + 1:  # unbatched, as torch accepts
@@ -592,8 +608,10 @@ class ReLU(nn.ReLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and input.requires_grad):
             return F.relu(input, inplace=self.inplace)
-        output = functional.relu(input)
-        found = None if torch.compiler.is_compiling() else _reuse.marked(input)
+        if not functional._direct((input,)):  # torch.compile, __torch_function__: the operator
+            return functional._relu(input)
+        output = _C.relu(input)
+        found = _reuse.marked(input)
         if found is None:
             return output
         recompute, sources, runs_layer = found
