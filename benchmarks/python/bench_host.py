@@ -6,13 +6,23 @@ bookkeeping — the cost that bounds a GPU step), as a ratio to torch's own laye
 The two take their calls in turn, in rounds of --calls each, so that drift of a shared machine
 cancels; the ratio is the median over rounds of each round's ratio.
 
+--instructions counts instead the instructions one call executes (valgrind's callgrind, one
+thread): a figure that no neighbour on a shared machine moves, for comparing two versions of the
+code. Time is what users pay; instructions are not time (a cold path pays for its code's size too).
+
     python3 benchmarks/python/bench_host.py [--rounds 41] [--calls 200] [--output results.md]
+    python3 benchmarks/python/bench_host.py --instructions [--calls 2000]
 """
 
 import argparse
 import copy
+import glob
+import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -43,12 +53,83 @@ def seconds_per_call(layer, x, calls):
     return (time.perf_counter() - start) / calls
 
 
+def count_instructions_child(calls: int):
+    """Under callgrind (started with instrumentation off): each layer's calls between a zeroing
+    and a dump of the counters, an empty loop first. The parent reads the dumps in this order."""
+    pid = str(os.getpid())
+
+    def control(*arguments):
+        subprocess.run(["callgrind_control", *arguments, pid], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    control("--instr=on")
+    for name, (torch_layer, dropit_layer, x) in cases().items():
+        for layer in (None, torch_layer, dropit_layer):
+            if layer is not None:
+                seconds_per_call(layer, x, 20)  # warm-up
+            control("--zero")
+            if layer is not None:
+                seconds_per_call(layer, x, calls)
+            else:
+                for _ in range(calls):
+                    pass
+            control("--dump")
+
+
+def count_instructions(calls: int) -> list:
+    """(layer, torch instructions per call, dropit's, ratio) from a child process run under
+    callgrind."""
+    for tool in ("valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            sys.exit(f"bench_host.py --instructions needs {tool}; install it "
+                     "(Debian: apt-get install valgrind)")
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "callgrind.out")
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={out}", sys.executable, os.path.abspath(__file__),
+                   "--callgrind-child", "--calls", str(calls)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+        dumps = sorted(glob.glob(out + ".*"), key=lambda path: int(path.rsplit(".", 1)[1]))
+        counts = []
+        for path in dumps:
+            with open(path, encoding="utf-8") as dump:
+                counts.append(next(int(line.split()[1]) for line in dump
+                                   if line.startswith("summary:")))
+    rows = []
+    for index, name in enumerate(cases()):
+        empty, torch_count, dropit_count = counts[3 * index:3 * index + 3]
+        t, d = (torch_count - empty) / calls, (dropit_count - empty) / calls
+        rows.append((name, t, d, d / t))
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--output", help="write the table to this Markdown file too")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions per call under callgrind instead of timing")
+    parser.add_argument("--callgrind-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.callgrind_child:
+        torch.set_num_threads(1)
+        count_instructions_child(args.calls)
+        return
+    if args.instructions:
+        machine = (f"{cpu_name()}, torch {torch.__version__}, CPU ISA {dropit._C.cpu_isa}, "
+                   "one thread")
+        command = " ".join(["python3", "benchmarks/python/bench_host.py"] + sys.argv[1:])
+        lines = [f"Instructions per forward + backward on tiny tensors (valgrind's callgrind; "
+                 f"{machine}; {args.calls} calls, less an empty loop's).", "",
+                 f"Command: `{command}`", "",
+                 "| layer | torch instructions | dropit instructions | dropit / torch |",
+                 "|---|---|---|---|"]
+        lines += [f"| {name} | {t:,.0f} | {d:,.0f} | {ratio:.2f}× |"
+                  for name, t, d, ratio in count_instructions(args.calls)]
+        print_table("\n".join(lines) + "\n", args.output)
+        return
 
     rows = []
     for name, (torch_layer, dropit_layer, x) in cases().items():
