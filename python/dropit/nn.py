@@ -608,10 +608,8 @@ class ReLU(nn.ReLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and input.requires_grad):
             return F.relu(input, inplace=self.inplace)
-        if not functional._direct((input,)):  # torch.compile, __torch_function__: the operator
-            return functional._relu(input)
-        output = _C.relu(input)
-        found = _reuse.marked(input)
+        output = functional.relu(input)
+        found = None if torch.compiler.is_compiling() else _reuse.marked(input)
         if found is None:
             return output
         recompute, sources, runs_layer = found

@@ -276,7 +276,7 @@ struct remembered_cache {
   /// The cache of `from` under `wanted` if this is it, still alive, and `from` has not been written
   /// since (torch's version counter counts every in-place write, views' included).
   std::optional<saved_cache> find(const at::Tensor& from, const cache_layout& wanted) const {
-    if (!input || from._version() != input_version || !(layout == wanted)) return std::nullopt;
+    if (!input || from._version() != input_version || layout != wanted) return std::nullopt;
     const auto same_input = input->lock();
     if (!same_input || same_input.get() != from.unsafeGetTensorImpl()) return std::nullopt;
     auto kept_values = values->lock(), kept_positions = positions->lock();
