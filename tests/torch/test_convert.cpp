@@ -91,7 +91,9 @@ TEST_CASE("torch: convert replaces Linear and Conv2d held by Sequentials, skippi
   CHECK(sorted(report.converted) == std::vector<std::string>{"2", "4.0", "6", "8"});
   CHECK(skipped_names(report) == std::vector<std::string>{"0"});
   CHECK(reason_for(report, "0").find("first") != std::string::npos);
-  CHECK(is<nn::Conv2dImpl>(*model, "0"));
+  // The first layer caches nothing: a dropit layer keeping its input (the data) as torch's does.
+  REQUIRE(is<dt::Conv2dImpl>(*model, "0"));
+  CHECK(std::dynamic_pointer_cast<dt::Conv2dImpl>(child(*model, "0"))->dropit.keep_input());
   CHECK(is<dt::Conv2dImpl>(*model, "2"));
   CHECK(is<dt::Conv2dImpl>(*model, "4.0"));
   CHECK(is<dt::LinearImpl>(*model, "6"));

@@ -49,8 +49,8 @@ std::int64_t held_after_forward(nn::Sequential& model, const at::Tensor& x) {
   return held;
 }
 
-/// aten::linear calls seen by a RecordFunction callback (which takes no captures).
-std::atomic<int> linear_calls{0};
+/// aten::linear and aten::conv2d calls seen by RecordFunction callbacks (which take no captures).
+std::atomic<int> linear_calls{0}, conv2d_calls{0};
 
 /// The gradients of sum(y²) with respect to the input and every parameter.
 std::vector<at::Tensor> model_gradients(nn::Sequential& model, const at::Tensor& x) {
@@ -91,18 +91,19 @@ TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none
   const at::Tensor x = ::torch::randn({rows, 64});
   const std::int64_t dense_held = held_after_forward(dense, x);
   const std::int64_t held = held_after_forward(model, x);
-  // Held: the LayerNorm's input and its per-row statistics only. The last Linear recomputes the
-  // GELU's output through the Linear before it, and the GELU its input the same way.
-  const std::int64_t norm_input = 4 * rows * width;
+  // Held: the LayerNorm's per-row statistics only. The first Linear keeps its input, the data, as
+  // it is (skip_first), so the LayerNorm recomputes its own input through it; the last Linear
+  // recomputes the GELU's output through the middle Linear, and the GELU its input the same way.
+  const std::int64_t statistics = 4 * 2 * rows, norm_input = 4 * rows * width;
   MESSAGE("held after forward: dense ", dense_held, " B, recomputing through layers ", held, " B");
-  CHECK(held >= norm_input);
-  CHECK(held <= norm_input + 4 * 2 * rows + 4096);
+  CHECK(held >= statistics);
+  CHECK(held <= statistics + 4096);
   // The same kernels on the same tensors: bit for bit.
   check_equal(model_gradients(model, x), model_gradients(dense, x));
 
-  SUBCASE("backward runs the middle Linear's forward once") {
-    // The last Linear recomputes the GELU's output through it; the GELU takes the input that left
-    // on the way instead of running the Linear again.
+  SUBCASE("backward runs each of the first two Linears' forwards once") {
+    // The last Linear recomputes the GELU's output through both; the GELU, the middle Linear and
+    // the LayerNorm take the inputs that were left on the way instead of running a Linear again.
     at::Tensor y = model->forward(x);
     linear_calls = 0;
     const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
@@ -112,7 +113,18 @@ TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none
         }));
     y.square().sum().backward();
     at::removeCallback(counting);
-    CHECK(linear_calls == 1);
+    CHECK(linear_calls == 2);
+  }
+  SUBCASE("a first Linear caching its input: the LayerNorm keeps its own") {
+    // Its output is no layer's forward on a kept input, so it is not offered; the chain of the
+    // middle Linear starts at the LayerNorm.
+    nn::Sequential caching_first = make_stack();
+    dt::convert(caching_first, ConvertOptions().skip_first(false).dropit(
+                                   DropitOptions().gamma(0.9).recompute_layers(true)));
+    const std::int64_t first_input = 4 * rows * 64;
+    const std::int64_t caching_held = held_after_forward(caching_first, x);
+    CHECK(caching_held >= norm_input);
+    CHECK(caching_held <= norm_input + statistics + first_input / 2);
   }
   SUBCASE("off, the GELU keeps its input") {
     nn::Sequential default_model = make_stack();
@@ -121,14 +133,16 @@ TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none
   }
 }
 
-TEST_CASE("torch: recompute_layers runs one layer again at most, bit for bit") {
-  // LayerNorm -> Linear -> LayerNorm -> Linear -> SiLU -> Linear. The second LayerNorm keeps
-  // nothing: its input is the first Linear's forward again. The second Linear recomputes its input
-  // through that Linear, so its own output is no longer offered: the SiLU keeps its input, and
-  // backward never runs two layers' forwards to recompute one tensor.
+TEST_CASE("torch: recompute_layers chains two layers at most, bit for bit") {
+  // LayerNorm -> Linear -> LayerNorm -> Linear -> LayerNorm -> Linear -> SiLU -> Linear. The
+  // second LayerNorm keeps nothing: its input is the first Linear's forward again; the third keeps
+  // nothing either: its input is the second Linear's forward on that. The third Linear's input
+  // runs two layers already, so its output is not offered: the SiLU keeps its input, and a chain
+  // computes no more than a block's worth ahead in backward.
   const auto make = [] {
     ::torch::manual_seed(4);
     return nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({32})), nn::Linear(32, 48),
+                          nn::LayerNorm(nn::LayerNormOptions({48})), nn::Linear(48, 48),
                           nn::LayerNorm(nn::LayerNormOptions({48})), nn::Linear(48, 48), nn::SiLU(),
                           nn::Linear(48, 16));
   };
@@ -137,7 +151,9 @@ TEST_CASE("torch: recompute_layers runs one layer again at most, bit for bit") {
                          DropitOptions().gamma(0.9).recompute_layers(true)));
   const at::Tensor x = ::torch::randn({4, 8, 32});
   CHECK(grad_fn_name(model->forward(x)).find("RecomputedInputLinear") != std::string::npos);
-  const std::int64_t silu_input = 4 * 4 * 8 * 48, statistics = 4 * 4 * 8 * (2 + 2);
+  // The first LayerNorm's input (the data, held by the caller), the SiLU's, three LayerNorms'
+  // per-row statistics.
+  const std::int64_t silu_input = 4 * 4 * 8 * 48, statistics = 4 * 4 * 8 * (2 + 2 + 2);
   const std::int64_t held = held_after_forward(model, x);
   CHECK(held >= silu_input);
   CHECK(held <= silu_input + statistics + 4096);
@@ -318,11 +334,13 @@ TEST_CASE("torch: recompute_layers: BatchNorm2d after a recomputing Conv2d keeps
   nn::Sequential &dense = stack.dense, &model = stack.model;
   const at::Tensor& x = stack.x;
 
-  // Held: the first BatchNorm's input and both ReLUs' 1-bit masks (and per-channel statistics);
-  // not BatchNorm 4's input, which convert without recompute_layers keeps.
+  // Held: both ReLUs' 1-bit masks (and per-channel statistics); not the BatchNorms' inputs, which
+  // convert without recompute_layers keeps. The first convolution keeps its input, the data, as it
+  // is (skip_first): the first BatchNorm recomputes its input through it, the second through the
+  // middle convolution.
   const std::int64_t held = stack.held, activation = conv_activation;
-  CHECK(held >= activation + 2 * activation / 32);
-  CHECK(held <= activation + 2 * activation / 32 + 4096);
+  CHECK(held >= 2 * activation / 32);
+  CHECK(held <= 2 * activation / 32 + 4096);
 
   // BatchNorm 4's backward reads an input computed again from the first BatchNorm's statistics:
   // every gradient upstream of it agrees with torch's within rounding. The running statistics are
@@ -337,13 +355,67 @@ TEST_CASE("torch: recompute_layers: BatchNorm2d after a recomputing Conv2d keeps
   SUBCASE("BatchNorms in eval mode recompute with the running statistics, bit for bit") {
     for (auto* net : {&model, &dense})
       for (const std::size_t i : {1, 4}) (**net)[i]->eval();
-    CHECK(held_after_forward(model, x) <= activation + 2 * activation / 32 + 4096);
+    CHECK(held_after_forward(model, x) <= 2 * activation / 32 + 4096);
     check_equal(model_gradients(model, x), model_gradients(dense, x));
   }
   SUBCASE("channels_last input") {
     const at::Tensor x_last = x.contiguous(at::MemoryFormat::ChannelsLast);
     check_equal_but_recomputed(model_gradients(model, x_last), model_gradients(dense, x_last), {});
   }
+}
+
+TEST_CASE("torch: two layers reading a producer that keeps none of its input recompute it once") {
+  // conv (the data, kept as it is) -> BatchNorm -> ReLU, read by two convolutions. Only the
+  // BatchNorm recomputes through layers, as the planner sets one block's tools: the convolutions
+  // reading its output, with recompute_layers off, recompute that output all the same, and the
+  // first convolution runs once in backward for the three of them.
+  const auto make = [] {
+    ::torch::manual_seed(14);
+    return nn::Sequential(nn::Conv2d(nn::Conv2dOptions(3, 16, 3).padding(1).bias(false)),
+                          nn::BatchNorm2d(16), nn::ReLU(),
+                          nn::Conv2d(nn::Conv2dOptions(16, 8, 3).padding(1)),
+                          nn::Conv2d(nn::Conv2dOptions(16, 8, 1)));
+  };
+  const auto forward = [](nn::Sequential& net, const at::Tensor& input) {
+    const auto layer = [&](std::size_t i, const at::Tensor& t) {
+      return net->begin()[static_cast<std::ptrdiff_t>(i)].forward<at::Tensor>(t);
+    };
+    const at::Tensor r = layer(2, layer(1, layer(0, input)));
+    return layer(3, r) + layer(4, r);
+  };
+  nn::Sequential dense = make(), model = make();
+  dt::convert(model, ConvertOptions().relu(true).dropit(DropitOptions().gamma(0.9)));
+  std::dynamic_pointer_cast<dt::BatchNorm2dImpl>(model->ptr(1))->recompute_layers = true;
+  const at::Tensor x = ::torch::randn({4, 3, 12, 12});
+
+  // Held: the ReLU's 1-bit mask and the BatchNorm's per-channel statistics.
+  const std::int64_t activation = 4 * 4 * 16 * 12 * 12;
+  std::int64_t held = 0;
+  for (int step = 0; step < 2; ++step) {
+    model->zero_grad(/*set_to_none=*/true);
+    const dt::MemoryMeter meter;
+    const std::int64_t base = meter.current();
+    at::Tensor y = forward(model, x);
+    held = meter.current() - base - static_cast<std::int64_t>(y.nbytes());
+    conv2d_calls = 0;
+    const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
+        [](const at::RecordFunction& function) -> std::unique_ptr<at::ObserverContext> {
+          if (std::string_view(function.name()) == "aten::conv2d") ++conv2d_calls;
+          return nullptr;
+        }));
+    y.square().sum().backward();
+    at::removeCallback(counting);
+    CHECK(conv2d_calls == 1);
+  }
+  CHECK(held >= activation / 32);
+  CHECK(held <= activation / 32 + 4096);
+
+  // Every gradient upstream of the BatchNorm, and the two convolutions' weights, read tensors
+  // recomputed from its statistics: within rounding of torch's.
+  const auto gradients_of = [&](nn::Sequential& net) {
+    return gradients(*net, x, [&](const at::Tensor& input) { return forward(net, input); });
+  };
+  check_equal_but_recomputed(gradients_of(model), gradients_of(dense), {});
 }
 
 TEST_CASE("torch: recomputation after an affine-free BatchNorm2d without running statistics") {

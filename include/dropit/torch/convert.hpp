@@ -26,8 +26,9 @@ struct ConvertOptions {
   /// Also replace ReLU by the 1-bit-mask ReLU (needed for conv caches to free memory, and for a
   /// Conv2d after BatchNorm2d -> ReLU to recompute its input).
   TORCH_ARG(bool, relu) = false;
-  /// Leave the first Linear or Conv2d (in registration order) dense: its input is the data batch,
-  /// which stays alive anyway.
+  /// Cache nothing of the first Linear or Conv2d's input (in registration order): it is the data
+  /// batch, which stays alive anyway. The layer keeps it as torch's does, as a dropit layer with
+  /// DropitOptions::keep_input, whose output a producer after it can recompute (recompute_layers).
   TORCH_ARG(bool, skip_first) = true;
   /// Leave layers whose qualified name ("features.3") matches this regular expression.
   TORCH_ARG(std::string, exclude) = "";
@@ -38,7 +39,8 @@ struct ConvertReport {
   /// Producers swapped for dropit's (DropitOptions::recompute): a dropit Linear or Conv2d reading
   /// their output, untouched, recomputes it in backward and caches nothing.
   std::vector<std::string> producers;
-  /// Qualified name and the reason it was left as it was.
+  /// Qualified name and the reason it caches nothing: left as it was, or the first layer, which
+  /// keeps its input (skip_first).
   std::vector<std::pair<std::string, std::string>> skipped;
 
   friend std::ostream& operator<<(std::ostream& out, const ConvertReport& report) {
@@ -102,7 +104,13 @@ class converter {
                                    *(sequential->begin() + static_cast<std::ptrdiff_t>(index)),
                                    any_module(replacement)});
           install(*sequential, index, name, replacements_.back().replaced);
-          (is_producer(*replacement) ? report_.producers : report_.converted).push_back(qualified);
+          if (keeps_input(*replacement))
+            report_.skipped.emplace_back(qualified, first_layer);
+          else
+            (is_producer(*replacement) ? report_.producers : report_.converted)
+                .push_back(qualified);
+        } else if (keeps_input(*replacement)) {
+          report_.skipped.emplace_back(qualified, first_layer);
         } else if (is_producer(*replacement)) {
           report_.skipped.emplace_back(
               qualified, "a producer held by a C++ member of " + parent.name() +
@@ -139,14 +147,18 @@ class converter {
     auto* gelu = dynamic_cast<::torch::nn::GELUImpl*>(&child);
     auto* silu = dynamic_cast<::torch::nn::SiLUImpl*>(&child);
     const bool producer = options_.dropit().recompute() && (norm || batch_norm || gelu || silu);
-    if (linear || conv) {
-      if (options_.skip_first() && !seen_first_) {
-        seen_first_ = true;
+    if ((linear || conv) && options_.skip_first() && !seen_first_) {
+      seen_first_ = true;
+      const DropitOptions keeping = DropitOptions(options_.dropit()).keep_input(true);
+      if (linear) return std::make_shared<LinearImpl>(*linear, keeping);
+      try {
+        return std::make_shared<Conv2dImpl>(*conv, keeping);
+      } catch (const dropit::error&) {  // a padding dropit's Conv2d lacks: torch's keeps it too
         report_.skipped.emplace_back(name, "first layer (skip_first)");
         return nullptr;
       }
-      seen_first_ = true;
     }
+    if (linear || conv) seen_first_ = true;
     if ((linear || conv || relu || producer) && !options_.exclude().empty() &&
         std::regex_search(name, exclude_)) {
       report_.skipped.emplace_back(name, "matches exclude pattern");
@@ -177,6 +189,15 @@ class converter {
       std::shared_ptr<::torch::nn::Module> producer) const {
     set_recompute_layers(*producer, options_.dropit().recompute_layers());
     return producer;
+  }
+
+  static constexpr const char* first_layer =
+      "first layer (skip_first): its input is the model's, kept as it is";
+
+  static bool keeps_input(::torch::nn::Module& m) {
+    if (auto* linear = dynamic_cast<LinearImpl*>(&m)) return linear->dropit.keep_input();
+    if (auto* conv = dynamic_cast<Conv2dImpl*>(&m)) return conv->dropit.keep_input();
+    return false;
   }
 
   static bool is_producer(::torch::nn::Module& m) {

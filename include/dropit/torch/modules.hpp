@@ -100,17 +100,36 @@ struct DropitOptions {
   /// instead of caching it: exact, and nothing held of its own. `convert` swaps torch's producers
   /// for dropit's when this is on.
   TORCH_ARG(bool, recompute) = true;
-  /// Recompute through a layer too: a Linear or Conv2d whose input it recomputes (from producers
-  /// only, not through another layer) marks its own output as recomputable (its forward again),
-  /// and a dropit producer reading that output (with its `recompute_layers` on, as `convert` sets
-  /// it from this) keeps none of it: backward runs the chain again (BatchNorm2d after such a
-  /// Conv2d, GELU after such a Linear). It frees the producer's input for one more forward of the
-  /// layer in backward (two where another layer recomputes the producer's output); a chain runs
-  /// one layer at most, so the cost stays one forward per freed input whatever the depth. The
-  /// gradients upstream of the producer then agree with dense within rounding. Off by default;
-  /// the memory planner turns it on per block.
+  /// Recompute through layers too. A Linear or Conv2d whose input it recomputes or keeps as it is
+  /// (`keep_input`) marks its own output as recomputable (its forward again), and a dropit producer
+  /// reading that output with its `recompute_layers` on (as `convert` sets it from this) keeps none
+  /// of it: backward runs the chain again (BatchNorm2d after such a Conv2d, GELU after such a
+  /// Linear). It frees the producer's input for one more forward of the layer in backward, each
+  /// layer's forward run once however many read it; a chain runs two layers on recomputed inputs
+  /// at most (a residual body's two convolutions), so that what it computes ahead stays in a block.
+  /// The gradients upstream of the producer then agree with dense within rounding. On a Linear or
+  /// Conv2d it also recomputes an input that is another layer's output directly (that layer's
+  /// forward again) instead of caching it. Off by default; the memory planner turns it on per
+  /// block.
   TORCH_ARG(bool, recompute_layers) = false;
+  /// Keep the input as it is, as torch's layer does: no cache, torch's gradients. For a layer whose
+  /// input stays alive anyway, the model's own (`convert`'s skip_first sets it on the first layer):
+  /// its output is then recomputable from that input, so that a producer after it can keep none of
+  /// its input (`recompute_layers`), as the BatchNorm after a network's first convolution.
+  TORCH_ARG(bool, keep_input) = false;
 };
+
+namespace detail {
+
+/// What a layer keeps of its input, in its printed form.
+inline void print_kept(std::ostream& stream, const DropitOptions& dropit) {
+  if (dropit.keep_input())
+    stream << ", keep_input=true";
+  else
+    stream << ", gamma=" << dropit.gamma();
+}
+
+}  // namespace detail
 
 /// torch::nn::Linear that caches its input compactly.
 class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
@@ -137,12 +156,14 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      if (dropit.keep_input())
+        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::linear),
+                               {input, weight, bias});
       if (dropit.recompute())
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
           return detail::layer_on_recomputed_input(
-              *recomputable, dropit.recompute_layers(),
-              detail::layer_recipe(detail::producer_recipe::kind::linear), weight, bias,
-              [&](const detail::recomputable_input& saved) {
+              *recomputable, detail::layer_recipe(detail::producer_recipe::kind::linear), weight,
+              bias, [&](const detail::recomputable_input& saved) {
                 return RecomputedInputLinearFunction::apply(
                     input, weight, compat::optional_argument(bias, weight), saved);
               });
@@ -155,8 +176,9 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
 
   void pretty_print(std::ostream& stream) const override {
     stream << "dropit::torch::Linear(in_features=" << options.in_features()
-           << ", out_features=" << options.out_features() << ", bias=" << options.bias()
-           << ", gamma=" << dropit.gamma() << ")";
+           << ", out_features=" << options.out_features() << ", bias=" << options.bias();
+    detail::print_kept(stream, dropit);
+    stream << ")";
   }
 
   ::torch::nn::LinearOptions options;
@@ -194,12 +216,14 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
+      if (dropit.keep_input())
+        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
+                               {input, weight, bias});
       if (dropit.recompute())
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
           return detail::layer_on_recomputed_input(
-              *recomputable, dropit.recompute_layers(),
-              detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_), weight, bias,
-              [&](const detail::recomputable_input& saved) {
+              *recomputable, detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
+              weight, bias, [&](const detail::recomputable_input& saved) {
                 return RecomputedInputConv2dFunction::apply(
                     input, weight, compat::optional_argument(bias, weight), params_, saved);
               });
@@ -213,8 +237,9 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 
   void pretty_print(std::ostream& stream) const override {
     stream << "dropit::torch::Conv2d(" << options.in_channels() << ", " << options.out_channels()
-           << ", kernel_size=" << options.kernel_size() << ", stride=" << options.stride()
-           << ", gamma=" << dropit.gamma() << ")";
+           << ", kernel_size=" << options.kernel_size() << ", stride=" << options.stride();
+    detail::print_kept(stream, dropit);
+    stream << ")";
   }
 
   ::torch::nn::Conv2dOptions options;

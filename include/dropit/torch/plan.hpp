@@ -7,9 +7,10 @@
 ///   convert     dropit's layers inside it (`convert`): exact recomputation of inputs that cheap
 ///               producers can give again, a DropIT cache for the rest;
 ///   recompute   converted, and recomputing through layers (DropitOptions::recompute_layers): a
-///               producer after a layer whose input is recomputed (BatchNorm after a
-///               convolution after BatchNorm -> ReLU, GELU after a Linear after LayerNorm) keeps
-///               none of its input, for one more forward of that layer in backward;
+///               producer after a layer whose input is recomputed or is the model's own
+///               (BatchNorm after a convolution after BatchNorm -> ReLU or after the first
+///               convolution, GELU after a Linear after LayerNorm) keeps none of its input, for
+///               one more forward of that layer in backward;
 ///   checkpoint  the dense block run again in backward (`Checkpoint`): it holds its input only.
 ///
 /// Bytes are measured at the allocator on the caller's own training step, with the whole model in
@@ -66,11 +67,13 @@ struct BlockPlan {
   std::string name;
   block_tool tool = block_tool::keep;
   /// Per tool (indexed by block_tool): bytes held after forward it frees with this block alone
-  /// changed (measured), seconds it adds to a training step (checkpoint: the block's forward,
-  /// timed; convert: this block's share, by forward time, of what converting every block adds;
-  /// recompute: that, and its share of what recomputing through layers adds to converting), and
-  /// whether it applies (convert needs a layer to convert; recompute, a producer that frees more
-  /// than converting).
+  /// changed (measured; recompute: what converting frees so, and what recomputing through layers
+  /// frees beyond converting with every other block converted, since the layer a producer
+  /// recomputes may lie in the block before), seconds it adds to a training step (checkpoint: the
+  /// block's forward, timed; convert: this block's share, by forward time, of what converting
+  /// every block adds; recompute: that, and its share of what recomputing through layers adds to
+  /// converting), and whether it applies (convert needs a layer to convert; recompute, a producer
+  /// that frees more than converting).
   std::array<std::int64_t, ::dropit::block_tool_count> freed_bytes{};
   std::array<double, ::dropit::block_tool_count> added_seconds{};
   std::array<bool, ::dropit::block_tool_count> available{true, false, false, true};
@@ -105,7 +108,7 @@ struct MemoryPlan {
       out << "\n  " << block.name << ": " << tool_name(block.tool);
       if (block.tool != block_tool::keep) {
         const auto t = static_cast<std::size_t>(block.tool);
-        out << " (alone: frees " << block.freed_bytes[t] << " B, adds " << std::setprecision(1)
+        out << " (frees " << block.freed_bytes[t] << " B, adds " << std::setprecision(1)
             << 1e3 * block.added_seconds[t] << " ms)" << std::setprecision(3);
       }
     }
@@ -320,29 +323,33 @@ class planner {
     bench_.held(dense);  // a first step: allocations, kernels' first-call set-up
     plan_.dense_held = bench_.held(dense);
     const std::vector<double> forward_seconds = bench_.forward_seconds();
+    std::vector<block_tool> convert_all = dense;
+    for (std::size_t b = 0; b < blocks_.size(); ++b)
+      if (available(b, block_tool::convert)) convert_all[b] = block_tool::convert;
+    const std::int64_t convert_all_held = bench_.held(convert_all);
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       BlockPlan& block = plan_.blocks[b];
-      block.available[index_of(block_tool::recompute)] = available(b, block_tool::convert);
-      for (const block_tool tool :
-           {block_tool::convert, block_tool::recompute, block_tool::checkpoint}) {
+      for (const block_tool tool : {block_tool::convert, block_tool::checkpoint}) {
         if (!available(b, tool)) continue;
         std::vector<block_tool> alone = dense;
         alone[b] = tool;
         block.freed_bytes[index_of(tool)] = plan_.dense_held - bench_.held(alone);
       }
-      // Recomputing through layers applies where it frees more than converting.
-      if (block.freed_bytes[index_of(block_tool::recompute)] <=
-          block.freed_bytes[index_of(block_tool::convert)])
-        block.available[index_of(block_tool::recompute)] = false;
+      // Recomputing through layers applies where, every other block converted, it frees more
+      // than converting.
+      if (!available(b, block_tool::convert)) continue;
+      std::vector<block_tool> recomputed = convert_all;
+      recomputed[b] = block_tool::recompute;
+      const std::int64_t beyond_converting = convert_all_held - bench_.held(recomputed);
+      block.available[index_of(block_tool::recompute)] = beyond_converting > 0;
+      block.freed_bytes[index_of(block_tool::recompute)] =
+          block.freed_bytes[index_of(block_tool::convert)] + beyond_converting;
     }
 
-    std::vector<block_tool> convert_all = dense, recompute_all = dense;
+    std::vector<block_tool> recompute_all = convert_all;
     double convertible_forward = 0.0, recomputable_forward = 0.0;
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
-      if (available(b, block_tool::convert)) {
-        convert_all[b] = recompute_all[b] = block_tool::convert;
-        convertible_forward += forward_seconds[b];
-      }
+      if (available(b, block_tool::convert)) convertible_forward += forward_seconds[b];
       if (available(b, block_tool::recompute)) {
         recompute_all[b] = block_tool::recompute;
         recomputable_forward += forward_seconds[b];

@@ -8,11 +8,13 @@
 /// BatchNorm in training, one affine pass from the batch statistics it saved, equal within
 /// rounding): it holds nothing of its own, and its weight gradient is the dense one, whatever γ.
 ///
-/// With DropitOptions::recompute_layers, the chain goes on through a layer: such a Linear or
-/// Conv2d marks its own output (its forward again on the recomputed input), and a producer reading
-/// that output keeps none of its input either (RecomputedInputProducerFunction): BatchNorm after a
-/// convolution after BatchNorm -> ReLU, GELU after a Linear after LayerNorm. One more forward of
-/// the layer in backward buys the producer's input.
+/// The chain can go on through a layer: such a Linear or Conv2d marks its own output (its forward
+/// again on the recomputed input), as does a layer that keeps its input as it is (the model's own:
+/// DropitOptions::keep_input), and a producer reading that output with recompute_layers on keeps
+/// none of its input either (RecomputedInputProducerFunction): BatchNorm after a convolution after
+/// BatchNorm -> ReLU or after the network's first convolution, GELU after a Linear after
+/// LayerNorm. One more forward of the layer in backward buys the producer's input; a layer reading
+/// that producer's output recomputes it the same way, without running the layer twice.
 ///
 /// The marks are held weakly, per thread: marking keeps no tensor alive, and a layer that finds no
 /// valid mark (another thread, a view or an in-place change of the output, a changed source,
@@ -66,9 +68,15 @@ struct producer_recipe {
   /// that owns it (see recompute_memo); none where nothing else recomputes it.
   c10::intrusive_ptr<recompute_memo> memo;
 
+  bool is_layer() const { return what == kind::linear || what == kind::conv2d; }
+
   /// Whether computing the output runs a Linear or Conv2d forward again.
-  bool runs_layer() const {
-    return what == kind::linear || what == kind::conv2d || (input && input->runs_layer());
+  bool runs_layer() const { return is_layer() || (input && input->runs_layer()); }
+
+  /// How many layer forwards it runs on inputs that are themselves computed again: a layer that
+  /// kept its input as it is (the model's own) runs on that input and counts not.
+  int layers_on_recomputed_inputs() const {
+    return input ? (is_layer() ? 1 : 0) + input->layers_on_recomputed_inputs() : 0;
   }
 
   /// The producer's output. Sources: layer_norm (input, weight, bias); batch_norm (input, weight,
@@ -79,8 +87,13 @@ struct producer_recipe {
   at::Tensor compute(const std::vector<at::Tensor>& sources) const {
     at::Tensor output;
     if (input) {
-      std::vector<at::Tensor> own{input->compute(std::vector<at::Tensor>(
-          sources.begin() + static_cast<std::ptrdiff_t>(parameters), sources.end()))};
+      // Another chain through the same input (two layers reading one producer's output) may have
+      // left it already; it stays there for its owner.
+      const bool left = input->memo && input->memo->value.defined();
+      std::vector<at::Tensor> own{
+          left ? input->memo->value
+               : input->compute(std::vector<at::Tensor>(
+                     sources.begin() + static_cast<std::ptrdiff_t>(parameters), sources.end()))};
       if (input->memo) input->memo->value = own.front();
       own.insert(own.end(), sources.begin(),
                  sources.begin() + static_cast<std::ptrdiff_t>(parameters));
@@ -272,8 +285,9 @@ inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>&
 
 /// The recipe and sources of `input` when it is a marked output that neither it nor its sources
 /// have changed since (and autocast is off: the layer would compute in another dtype than the
-/// producer's output); otherwise none. A recipe that runs a layer again counts only
-/// `through_layers`.
+/// producer's output); otherwise none. A layer's own output counts only `through_layers`; a
+/// producer's output whose recipe runs a layer again counts always: that producer kept none of its
+/// input, and its own backward runs the layer anyway.
 inline std::optional<recomputable_input> recipe_of(const at::Tensor& input,
                                                    bool through_layers = false) {
   if (!input.defined() || compat::autocast_dtype(input.device())) return std::nullopt;
@@ -283,7 +297,7 @@ inline std::optional<recomputable_input> recipe_of(const at::Tensor& input,
   });
   if (found == marks.rend() ||
       found->output_version != static_cast<std::int64_t>(input._version()) ||
-      (!through_layers && found->recipe.runs_layer()))
+      (!through_layers && found->recipe.is_layer()))
     return std::nullopt;
   recomputable_input r{found->recipe, {}};
   for (std::size_t i = 0; i < found->sources.size(); ++i) {
@@ -500,6 +514,11 @@ struct RecomputedInputProducerFunction
 
 namespace detail {
 
+/// The most layers on recomputed inputs one chain runs: a residual body's two (conv -> BatchNorm
+/// -> ReLU -> conv -> BatchNorm), bounded so that what a chain's backward computes ahead of the
+/// layers that own it, and leaves in their memos, stays within a block.
+inline constexpr int chained_layers = 2;
+
 /// A Linear's (conv2d: a Conv2d's) recipe, to chain after the recipe of its input.
 inline producer_recipe layer_recipe(producer_recipe::kind what, const conv2d_params& params = {}) {
   producer_recipe recipe;
@@ -509,15 +528,16 @@ inline producer_recipe layer_recipe(producer_recipe::kind what, const conv2d_par
 }
 
 /// A Linear's or Conv2d's forward on a recomputed input: `apply(recomputable)` runs its function.
-/// With `recompute_layers`, on an input recomputed from producers only (a chain runs one layer at
-/// most, so that backward runs one layer forward per freed input whatever the depth), its output
-/// is marked as `layer` chained after the input, the function and the chain sharing a memo of the
-/// input (a producer's backward that recomputes this output leaves the input for the layer's).
+/// Where computing the input runs fewer than `chained_layers` layers on recomputed inputs, its
+/// output is marked as `layer` chained after the input, the function and the chain sharing a memo
+/// of the input (a producer's backward that recomputes this output leaves the input for the
+/// layer's, so backward runs each layer's forward once). The mark holds nothing: only a producer
+/// with recompute_layers on takes it.
 template <class Apply>
-at::Tensor layer_on_recomputed_input(const recomputable_input& recomputable, bool recompute_layers,
-                                     producer_recipe layer, const at::Tensor& weight,
-                                     const at::Tensor& bias, Apply apply) {
-  const bool offered = recompute_layers && !recomputable.recipe.runs_layer();
+at::Tensor layer_on_recomputed_input(const recomputable_input& recomputable, producer_recipe layer,
+                                     const at::Tensor& weight, const at::Tensor& bias,
+                                     Apply apply) {
+  const bool offered = recomputable.recipe.layers_on_recomputed_inputs() < chained_layers;
   const recomputable_input saved = offered ? with_memo(recomputable) : recomputable;
   at::Tensor output = apply(saved);
   if (offered) mark_recomputable(output, chained(std::move(layer), {weight, bias}, saved));
