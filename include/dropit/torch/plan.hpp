@@ -266,19 +266,20 @@ class plan_bench {
     return medians;
   }
 
-  /// Median seconds of the dense step and median ratio of `tools`'s step to it, timed in
-  /// alternation.
-  std::pair<double, double> time(const std::vector<block_tool>& tools) {
-    const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
-    std::vector<double> dense_seconds, ratios;
+  /// Median seconds of the `baseline` step (dense by default) and median ratio of `tools`'s step
+  /// to it, timed in alternation.
+  std::pair<double, double> time(const std::vector<block_tool>& tools,
+                                 std::vector<block_tool> baseline = {}) {
+    if (baseline.empty()) baseline.assign(blocks_.size(), block_tool::keep);
+    std::vector<double> baseline_seconds, ratios;
     for (int round = 0; round < rounds_; ++round) {
-      apply(dense);
+      apply(baseline);
       const double base = step_seconds();
       apply(tools);
       ratios.push_back(step_seconds() / base);
-      dense_seconds.push_back(base);
+      baseline_seconds.push_back(base);
     }
-    return {median(dense_seconds), median(ratios)};
+    return {median(baseline_seconds), median(ratios)};
   }
 
  private:
@@ -317,7 +318,8 @@ class planner {
   /// block's share (a few percent of a step), so: a checkpoint costs its block's forward once
   /// more, timed block by block; converting costs what converting every block costs, timed
   /// against dense steps, shared among the blocks in proportion to their forward time; recomputing
-  /// through layers, that and its share, the same way, of what it adds to converting every block.
+  /// through layers, that and its share, the same way, of what it adds to converting every block
+  /// (timed against converted steps).
   void measure_tools() {
     const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
     bench_.held(dense);  // a first step: allocations, kernels' first-call set-up
@@ -358,10 +360,13 @@ class planner {
     const auto [dense_seconds, convert_ratio] = bench_.time(convert_all);
     plan_.dense_seconds = dense_seconds;
     const double convert_seconds = std::max(0.0, convert_ratio - 1.0) * dense_seconds;
-    const double recompute_seconds =
-        recomputable_forward > 0.0
-            ? std::max(0.0, bench_.time(recompute_all).second - convert_ratio) * dense_seconds
-            : 0.0;
+    // Against converted steps, not as a second ratio to dense: one ratio of two close steps
+    // rather than the difference of two noisy ones.
+    double recompute_seconds = 0.0;
+    if (recomputable_forward > 0.0) {
+      const auto [convert_step, recompute_ratio] = bench_.time(recompute_all, convert_all);
+      recompute_seconds = std::max(0.0, recompute_ratio - 1.0) * convert_step;
+    }
     for (std::size_t b = 0; b < blocks_.size(); ++b) {
       BlockPlan& block = plan_.blocks[b];
       block.added_seconds[index_of(block_tool::checkpoint)] = forward_seconds[b];
