@@ -49,8 +49,24 @@ std::int64_t held_after_forward(nn::Sequential& model, const at::Tensor& x) {
   return held;
 }
 
-/// aten::linear and aten::conv2d calls seen by RecordFunction callbacks (which take no captures).
-std::atomic<int> linear_calls{0}, conv2d_calls{0};
+/// The operator `calls_while` counts, and its count (a RecordFunction callback takes no captures).
+std::atomic<const char*> counted_operator{nullptr};
+std::atomic<int> operator_calls{0};
+
+/// How many times `f` calls the ATen operator `name` ("aten::linear").
+template <class F>
+int calls_while(const char* name, F&& f) {
+  counted_operator = name;
+  operator_calls = 0;
+  const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
+      [](const at::RecordFunction& function) -> std::unique_ptr<at::ObserverContext> {
+        if (std::string_view(function.name()) == counted_operator.load()) ++operator_calls;
+        return nullptr;
+      }));
+  f();
+  at::removeCallback(counting);
+  return operator_calls;
+}
 
 /// The gradients of sum(y²) with respect to the input and every parameter.
 std::vector<at::Tensor> model_gradients(nn::Sequential& model, const at::Tensor& x) {
@@ -105,15 +121,7 @@ TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none
     // The last Linear recomputes the GELU's output through both; the GELU, the middle Linear and
     // the LayerNorm take the inputs that were left on the way instead of running a Linear again.
     at::Tensor y = model->forward(x);
-    linear_calls = 0;
-    const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
-        [](const at::RecordFunction& function) -> std::unique_ptr<at::ObserverContext> {
-          if (std::string_view(function.name()) == "aten::linear") ++linear_calls;
-          return nullptr;
-        }));
-    y.square().sum().backward();
-    at::removeCallback(counting);
-    CHECK(linear_calls == 2);
+    CHECK(calls_while("aten::linear", [&] { y.square().sum().backward(); }) == 2);
   }
   SUBCASE("a first Linear caching its input: the LayerNorm keeps its own") {
     // Its output is no layer's forward on a kept input, so it is not offered; the chain of the
@@ -397,15 +405,7 @@ TEST_CASE("torch: two layers reading a producer that keeps none of its input rec
     const std::int64_t base = meter.current();
     at::Tensor y = forward(model, x);
     held = meter.current() - base - static_cast<std::int64_t>(y.nbytes());
-    conv2d_calls = 0;
-    const auto counting = at::addGlobalCallback(at::RecordFunctionCallback(
-        [](const at::RecordFunction& function) -> std::unique_ptr<at::ObserverContext> {
-          if (std::string_view(function.name()) == "aten::conv2d") ++conv2d_calls;
-          return nullptr;
-        }));
-    y.square().sum().backward();
-    at::removeCallback(counting);
-    CHECK(conv2d_calls == 1);
+    CHECK(calls_while("aten::conv2d", [&] { y.square().sum().backward(); }) == 1);
   }
   CHECK(held >= activation / 32);
   CHECK(held <= activation / 32 + 4096);
