@@ -118,6 +118,16 @@ TEST_CASE("torch: convert options relu, skip_first and exclude") {
     for (const auto& name : relus) CHECK(is<dt::ReLUImpl>(*model, name));
     CHECK(is<dt::Conv2dImpl>(*model, "0"));
   }
+  SUBCASE("a first convolution dropit's Conv2d cannot stand in for stays torch's") {
+    nn::Sequential model(
+        nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1).padding_mode(::torch::kReflect)),
+        nn::ReLU(), nn::Conv2d(4, 2, 3));
+    const auto report = dt::convert(model);
+    CHECK(skipped_names(report) == std::vector<std::string>{"0"});
+    CHECK(reason_for(report, "0").find("first") != std::string::npos);
+    CHECK(is<nn::Conv2dImpl>(*model, "0"));
+    CHECK(is<dt::Conv2dImpl>(*model, "2"));
+  }
   SUBCASE("exclude by regular expression, applied to ReLUs too") {
     nn::Sequential model = make_model();
     const auto report = dt::convert(model, ConvertOptions().relu(true).exclude("^4\\.|^6$"));
