@@ -139,7 +139,7 @@ int run_rank(int rank, const Options& options, const std::string& store_path) {
   torch::manual_seed(1000 + rank);  // different on every rank until the broadcast below
   torch::nn::Sequential model = make_model();
   // Chunked min-k keeps a fixed count per chunk of D consecutive input elements. Both converted
-  // Linears (the first stays dense; ReLUs keep a mask, not a selection) take inputs of shape
+  // Linears (the first keeps its input; ReLUs keep a mask, not a selection) take inputs of shape
   // [rows, hidden], so with D = hidden every chunk is exactly one sample's row. A rank's shard is then a whole number of
   // chunks, and the chunks it selects from are the very chunks the whole-batch forward selects
   // from: the averaged sparse gradient equals the single-process one, up to summation order. With

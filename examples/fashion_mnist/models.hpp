@@ -84,8 +84,8 @@ class ResNetImpl : public Classifier {
     stem_layers->push_back(conv3x3(1, w, 1, bias));
     if (c.batchnorm) stem_layers->push_back(torch::nn::BatchNorm2d(w));
     stem_layers->push_back(torch::nn::ReLU());
-    // Registered first: convert's skip_first leaves this convolution (its input is the batch)
-    // dense.
+    // Registered first: convert's skip_first keeps this convolution's input (the batch) as it is;
+    // the BatchNorm after it can recompute its own input through it (recompute_layers).
     stem = register_module("stem", stem_layers);
     blocks = register_module(
         "blocks", torch::nn::Sequential(ResidualBlock(w, w, 1, c.batchnorm, bias),
@@ -174,8 +174,8 @@ TORCH_MODULE(TransformerBlock);
 class ViTImpl : public Classifier {
  public:
   explicit ViTImpl(const ModelConfig& c) {
-    // Registered first: convert's skip_first leaves the patch embedding (its input is the batch)
-    // dense.
+    // Registered first: convert's skip_first keeps the patch embedding's input (the batch) as it
+    // is.
     patch = register_module(
         "patch", torch::nn::Sequential(torch::nn::Conv2d(
                      torch::nn::Conv2dOptions(1, c.dim, patch_size).stride(patch_size))));

@@ -128,6 +128,13 @@ TEST_CASE("torch: convert options relu, skip_first and exclude") {
     CHECK(is<nn::Conv2dImpl>(*model, "0"));
     CHECK(is<dt::Conv2dImpl>(*model, "2"));
   }
+  SUBCASE("an excluded first layer stays torch's, and is still the first") {
+    nn::Sequential model = make_model();
+    const auto report = dt::convert(model, ConvertOptions().exclude("^0$"));
+    CHECK(reason_for(report, "0").find("exclude") != std::string::npos);
+    CHECK(is<nn::Conv2dImpl>(*model, "0"));
+    CHECK(sorted(report.converted) == std::vector<std::string>{"2", "4.0", "6", "8"});
+  }
   SUBCASE("exclude by regular expression, applied to ReLUs too") {
     nn::Sequential model = make_model();
     const auto report = dt::convert(model, ConvertOptions().relu(true).exclude("^4\\.|^6$"));

@@ -93,7 +93,6 @@ TEST_CASE("torch: plan_memory meets its budget, and the model it leaves trains a
     for (std::size_t b = 0; b < 4; ++b) {
       CAPTURE(b);
       CHECK(plan.blocks[b].available[recompute]);
-      CHECK(plan.blocks[b].freed_bytes[recompute] > plan.blocks[b].freed_bytes[1]);
     }
     CHECK_FALSE(plan.blocks[4].available[recompute]);
 

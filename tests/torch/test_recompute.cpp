@@ -80,7 +80,7 @@ TEST_CASE("torch: Linear layers after a LayerNorm and a GELU recompute their inp
   nn::Sequential model = make_stack();
   const dt::ConvertReport report =
       dt::convert(model, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
-  CHECK(report.converted == std::vector<std::string>{"2", "4"});  // "0" reads the data: dense
+  CHECK(report.converted == std::vector<std::string>{"2", "4"});  // "0" keeps the data as it is
   CHECK(report.producers == std::vector<std::string>{"1", "3"});
   std::ostringstream printed;
   printed << report;

@@ -28,7 +28,9 @@ struct ConvertOptions {
   TORCH_ARG(bool, relu) = false;
   /// Cache nothing of the first Linear or Conv2d's input (in registration order): it is the data
   /// batch, which stays alive anyway. The layer keeps it as torch's does, as a dropit layer with
-  /// DropitOptions::keep_input, whose output a producer after it can recompute (recompute_layers).
+  /// DropitOptions::keep_input, whose output a producer after it can recompute (recompute_layers);
+  /// where convert cannot swap it (held by a C++ member, a padding dropit's Conv2d lacks, or
+  /// excluded), it stays torch's.
   TORCH_ARG(bool, skip_first) = true;
   /// Leave layers whose qualified name ("features.3") matches this regular expression.
   TORCH_ARG(std::string, exclude) = "";
@@ -110,7 +112,10 @@ class converter {
             (is_producer(*replacement) ? report_.producers : report_.converted)
                 .push_back(qualified);
         } else if (keeps_input(*replacement)) {
-          report_.skipped.emplace_back(qualified, first_layer);
+          report_.skipped.emplace_back(
+              qualified, "first layer (skip_first), held by a C++ member of " + parent.name() +
+                             ", which convert cannot rebind: torch's keeps its input, and no "
+                             "producer after it can recompute through it");
         } else if (is_producer(*replacement)) {
           report_.skipped.emplace_back(
               qualified, "a producer held by a C++ member of " + parent.name() +
@@ -147,6 +152,12 @@ class converter {
     auto* gelu = dynamic_cast<::torch::nn::GELUImpl*>(&child);
     auto* silu = dynamic_cast<::torch::nn::SiLUImpl*>(&child);
     const bool producer = options_.dropit().recompute() && (norm || batch_norm || gelu || silu);
+    if ((linear || conv || relu || producer) && !options_.exclude().empty() &&
+        std::regex_search(name, exclude_)) {
+      if (linear || conv) seen_first_ = true;
+      report_.skipped.emplace_back(name, "matches exclude pattern");
+      return nullptr;
+    }
     if ((linear || conv) && options_.skip_first() && !seen_first_) {
       seen_first_ = true;
       const DropitOptions keeping = DropitOptions(options_.dropit()).keep_input(true);
@@ -159,11 +170,6 @@ class converter {
       }
     }
     if (linear || conv) seen_first_ = true;
-    if ((linear || conv || relu || producer) && !options_.exclude().empty() &&
-        std::regex_search(name, exclude_)) {
-      report_.skipped.emplace_back(name, "matches exclude pattern");
-      return nullptr;
-    }
     DropitOptions layer_options = options_.dropit();
     layer_options.seed(options_.dropit().seed() + layers_++ * 0x9e3779b97f4a7c15ull);
     if (linear) return std::make_shared<LinearImpl>(*linear, layer_options);

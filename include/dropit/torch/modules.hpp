@@ -104,8 +104,8 @@ struct DropitOptions {
   /// (`keep_input`) marks its own output as recomputable (its forward again), and a dropit producer
   /// reading that output with its `recompute_layers` on (as `convert` sets it from this) keeps none
   /// of it: backward runs the chain again (BatchNorm2d after such a Conv2d, GELU after such a
-  /// Linear). It frees the producer's input for one more forward of the layer in backward, each
-  /// layer's forward run once however many read it; a chain runs two layers on recomputed inputs
+  /// Linear). It frees the producer's input for one more forward of the layer in backward, run once
+  /// for all the layers reading the producer's output; a chain runs two layers on recomputed inputs
   /// at most (a residual body's two convolutions), so that what it computes ahead stays in a block.
   /// The gradients upstream of the producer then agree with dense within rounding. On a Linear or
   /// Conv2d it also recomputes an input that is another layer's output directly (that layer's

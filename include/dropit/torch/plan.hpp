@@ -62,7 +62,7 @@ struct PlanOptions {
   TORCH_ARG(int, timing_rounds) = 7;
 };
 
-/// One block in a plan: the tool chosen, and what each tool did with this block alone changed.
+/// One block in a plan: the tool chosen, and what each tool did with this block changed.
 struct BlockPlan {
   std::string name;
   block_tool tool = block_tool::keep;
@@ -313,10 +313,10 @@ class planner {
     }
   }
 
-  /// The dense model's bytes and step time; each tool's bytes with its block alone changed
-  /// (measured) and the time it adds. Differences of whole steps are too noisy for a single
-  /// block's share (a few percent of a step), so: a checkpoint costs its block's forward once
-  /// more, timed block by block; converting costs what converting every block costs, timed
+  /// The dense model's bytes and step time; each tool's bytes with its block changed (measured;
+  /// see BlockPlan::freed_bytes) and the time it adds. Differences of whole steps are too noisy for
+  /// a single block's share (a few percent of a step), so: a checkpoint costs its block's forward
+  /// once more, timed block by block; converting costs what converting every block costs, timed
   /// against dense steps, shared among the blocks in proportion to their forward time; recomputing
   /// through layers, that and its share, the same way, of what it adds to converting every block
   /// (timed against converted steps).

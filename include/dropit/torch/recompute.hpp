@@ -48,7 +48,8 @@ struct recompute_memo : ::torch::CustomClassHolder {
 /// no source: that recipe computes it again from the sources after this recipe's own (a chain
 /// through a layer, see DropitOptions::recompute_layers).
 struct producer_recipe {
-  /// linear and conv2d: a dropit layer whose own input is recomputed (recompute_layers).
+  /// linear and conv2d: a dropit layer whose own input is recomputed or kept as it is
+  /// (DropitOptions::keep_input).
   enum class kind : std::int64_t { layer_norm, batch_norm, gelu, silu, linear, conv2d };
 
   kind what = kind::gelu;
@@ -531,8 +532,10 @@ inline producer_recipe layer_recipe(producer_recipe::kind what, const conv2d_par
 /// Where computing the input runs fewer than `chained_layers` layers on recomputed inputs, its
 /// output is marked as `layer` chained after the input, the function and the chain sharing a memo
 /// of the input (a producer's backward that recomputes this output leaves the input for the
-/// layer's, so backward runs each layer's forward once). The mark holds nothing: only a producer
-/// with recompute_layers on takes it.
+/// layer's, so backward runs the layer's forward once for the layers reading the producer's
+/// output). The mark holds nothing: only a producer with recompute_layers on keeps none of its
+/// input for it (a layer with recompute_layers, a dropit ReLU or a checkpoint reading it recompute
+/// through it).
 template <class Apply>
 at::Tensor layer_on_recomputed_input(const recomputable_input& recomputable, producer_recipe layer,
                                      const at::Tensor& weight, const at::Tensor& bias,
