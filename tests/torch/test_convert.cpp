@@ -118,15 +118,21 @@ TEST_CASE("torch: convert options relu, skip_first and exclude") {
     for (const auto& name : relus) CHECK(is<dt::ReLUImpl>(*model, name));
     CHECK(is<dt::Conv2dImpl>(*model, "0"));
   }
-  SUBCASE("a first convolution dropit's Conv2d cannot stand in for stays torch's") {
-    nn::Sequential model(
-        nn::Conv2d(nn::Conv2dOptions(3, 4, 3).padding(1).padding_mode(::torch::kReflect)),
-        nn::ReLU(), nn::Conv2d(4, 2, 3));
+  SUBCASE("a convolution dropit's Conv2d cannot stand in for stays torch's, with the reason") {
+    const auto reflecting = [](std::int64_t in, std::int64_t out) {
+      return nn::Conv2d(nn::Conv2dOptions(in, out, 3).padding(1).padding_mode(::torch::kReflect));
+    };
+    nn::Sequential model(reflecting(3, 4), nn::ReLU(), reflecting(4, 4), nn::ReLU(),
+                         nn::Conv2d(4, 2, 3));
     const auto report = dt::convert(model);
-    CHECK(skipped_names(report) == std::vector<std::string>{"0"});
+    CHECK(skipped_names(report) == std::vector<std::string>{"0", "2"});
     CHECK(reason_for(report, "0").find("first") != std::string::npos);
+    CHECK(reason_for(report, "2").find("zeros") != std::string::npos);
+    CHECK(report.converted == std::vector<std::string>{"4"});
     CHECK(is<nn::Conv2dImpl>(*model, "0"));
-    CHECK(is<dt::Conv2dImpl>(*model, "2"));
+    CHECK(is<nn::Conv2dImpl>(*model, "2"));
+    CHECK(is<dt::Conv2dImpl>(*model, "4"));
+    model->forward(::torch::randn({2, 3, 8, 8})).sum().backward();
   }
   SUBCASE("an excluded first layer stays torch's, and is still the first") {
     nn::Sequential model = make_model();

@@ -158,22 +158,25 @@ class converter {
       report_.skipped.emplace_back(name, "matches exclude pattern");
       return nullptr;
     }
-    if ((linear || conv) && options_.skip_first() && !seen_first_) {
+    if (linear || conv) {
+      // The first layer keeps its input, the batch, as torch's does (skip_first); no selection, so
+      // it draws no seed.
+      const bool first = options_.skip_first() && !seen_first_;
       seen_first_ = true;
-      const DropitOptions keeping = DropitOptions(options_.dropit()).keep_input(true);
-      if (linear) return std::make_shared<LinearImpl>(*linear, keeping);
+      DropitOptions layer_options = options_.dropit();
+      if (first)
+        layer_options.keep_input(true);
+      else
+        layer_options.seed(options_.dropit().seed() + layers_++ * 0x9e3779b97f4a7c15ull);
+      if (linear) return std::make_shared<LinearImpl>(*linear, layer_options);
       try {
-        return std::make_shared<Conv2dImpl>(*conv, keeping);
-      } catch (const dropit::error&) {  // a padding dropit's Conv2d lacks: torch's keeps it too
-        report_.skipped.emplace_back(name, "first layer (skip_first)");
+        return std::make_shared<Conv2dImpl>(*conv, layer_options);
+      } catch (const dropit::error& e) {  // a padding dropit's Conv2d lacks: torch's stays
+        report_.skipped.emplace_back(
+            name, std::string(first ? "first layer (skip_first); " : "") + e.what());
         return nullptr;
       }
     }
-    if (linear || conv) seen_first_ = true;
-    DropitOptions layer_options = options_.dropit();
-    layer_options.seed(options_.dropit().seed() + layers_++ * 0x9e3779b97f4a7c15ull);
-    if (linear) return std::make_shared<LinearImpl>(*linear, layer_options);
-    if (conv) return std::make_shared<Conv2dImpl>(*conv, layer_options);
     if (relu && options_.relu()) {
       auto replacement = std::make_shared<ReLUImpl>();
       replacement->train(relu->is_training());
