@@ -68,7 +68,8 @@ class _CachingLayer:
         learns = self._learns() if weight is None else weight.requires_grad
         if not (self.training and learns and torch.is_grad_enabled()) or self._runs_dense:
             return False
-        if torch._C._is_tracing():  # torch.jit.is_tracing() less its scripting test
+        # torch.jit.is_tracing() less its scripting test; dynamo (torch 2.11) cannot trace the call
+        if not torch.compiler.is_compiling() and torch._C._is_tracing():
             raise RuntimeError(f"{type(self).__name__}: a dropit layer in training mode cannot be "
                                "traced (the trace would record the dense operation); trace the "
                                "model in eval mode")
