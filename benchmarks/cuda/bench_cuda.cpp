@@ -260,6 +260,40 @@ void register_copy_cases(std::int64_t n) {
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
   }
+
+  // The ReLU mask: the fused forward (relu(x) and its mask) and the backward, each one launch.
+  const double mask_bytes = static_cast<double>(dropit::relu_mask_words(n)) * 4,
+               moved_bytes = 2 * static_cast<double>(n) * sizeof(T) + mask_bytes;
+  benchmark::RegisterBenchmark(
+      ("relu_mask/pack/" + dtype + size).c_str(),
+      [n, moved_bytes](benchmark::State& s) {
+        const auto x = normal_tensor<T>(n, false, 1);
+        device_buffer y(static_cast<std::size_t>(n) * sizeof(T)),
+            words(static_cast<std::size_t>(dropit::relu_mask_words(n)) * 4);
+        const dropit::cuda_backend backend{timer().stream()};
+        run_timed(s, moved_bytes, [&] {
+          dropit::relu_with_mask<T>(backend, {x->template get<const T>(), {n}}, {y.get<T>(), {n}},
+                                    words.get<std::uint32_t>());
+        });
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark(
+      ("relu_mask/apply/" + dtype + size).c_str(),
+      [n, moved_bytes](benchmark::State& s) {
+        const auto x = normal_tensor<T>(n, false, 1), dy = normal_tensor<T>(n, false, 2);
+        device_buffer dx(static_cast<std::size_t>(n) * sizeof(T)),
+            words(static_cast<std::size_t>(dropit::relu_mask_words(n)) * 4);
+        const dropit::cuda_backend backend{timer().stream()};
+        dropit::relu_with_mask<T>(backend, {x->template get<const T>(), {n}}, {dx.get<T>(), {n}},
+                                  words.get<std::uint32_t>());
+        run_timed(s, moved_bytes, [&] {
+          dropit::apply_relu_mask<T>(backend, words.get<const std::uint32_t>(),
+                                     {dy->template get<const T>(), {n}}, {dx.get<T>(), {n}});
+        });
+      })
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
 }
 
 // --- weight gradients against the dense library call -------------------------------------------

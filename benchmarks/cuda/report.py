@@ -3,7 +3,8 @@
 
 Pairs each case with its baseline from the same run, by name:
 
-  compress/<policy>/<dtype>/.../N:n, densify/...   ->  device_copy/<dtype>/N:n
+  compress/<policy>/<dtype>/.../N:n, densify/..., relu_mask/{pack,apply}/<dtype>/N:n
+                                                    ->  device_copy/<dtype>/N:n
       bandwidth = the bytes the case must move / its time, against the copy's (target ≥ 80 %)
   linear_dw/<policy>/<dtype>/gamma:g/M/K/N, densify_gemm/...  ->  gemm/<dtype>/M/K/N
       time / cuBLAS time (target ≤ 1.10)
@@ -59,7 +60,7 @@ def main():
     copy_rows, gemm_rows, conv_rows = [], [], []
     for name, entry in cases.items():
         op, labels, params = parts(name)
-        if op in ("compress", "densify"):
+        if op in ("compress", "densify", "relu_mask"):
             dtype = labels[-1]
             copy = copies.get((dtype, params["N"]))
             if copy is None:
@@ -67,7 +68,7 @@ def main():
             bandwidth = entry["bytes"] / gbench_results.time_ms(entry) / 1e6
             copy_bandwidth = copy["bytes"] / gbench_results.time_ms(copy) / 1e6
             fraction = bandwidth / copy_bandwidth
-            copy_rows.append([op, labels[0], params.get("D", "—"), dtype, params["gamma"],
+            copy_rows.append([op, labels[0], params.get("D", "—"), dtype, params.get("gamma", "—"),
                               params["N"], f"{gbench_results.time_ms(entry):.3f}",
                               f"{gbench_results.time_ms(copy):.3f}", f"{bandwidth:.0f}",
                               f"{copy_bandwidth:.0f}", f"{fraction:.0%}",
@@ -109,7 +110,9 @@ def main():
              "listed"] if context.get("incomplete") else []), "",
           "## Compress and densify against a device copy", "",
           "Bandwidth = the bytes a case must move (compress: the input read and the cache written; "
-          "densify: the cache read and the dense tensor written) over its time, against "
+          "densify: the cache read and the dense tensor written; relu_mask pack: x read, relu(x) "
+          "and the mask written; relu_mask apply: the mask and dZ read, dX written) over its "
+          "time, against "
           "`cudaMemcpyAsync` of the dense tensor (read + write). Target: ≥ "
           f"{BANDWIDTH_TARGET:.0%} of the copy's bandwidth.", ""]
     md += table(["op", "policy", "D", "dtype", "γ", "N", "ms", "copy ms", "GB/s", "copy GB/s",

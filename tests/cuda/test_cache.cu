@@ -186,8 +186,8 @@ TEST_CASE("cuda: concurrent host threads with different chunk sizes") {
         const auto got_values = got.values.download();
         const auto want_values = test::values_of(want);
         if (got_values.size() != want_values.size() ||
-            std::memcmp(got_values.data(), want_values.data(),
-                        got_values.size() * sizeof(float)) != 0)
+            std::memcmp(got_values.data(), want_values.data(), got_values.size() * sizeof(float)) !=
+                0)
           failures[t] = 1;
       }
       cudaStreamDestroy(stream);
@@ -202,7 +202,8 @@ TEST_CASE("cuda: concurrent host threads with different chunk sizes") {
 TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::half,
                    dropit::bfloat16) {
   const cuda_backend gpu{};
-  for (std::int64_t n : {1, 31, 32, 33, 1000, 100003}) {
+  // Whole warp tiles (32 vectors of 16 bytes: 128 or 256 elements) and tiles cut short.
+  for (std::int64_t n : {1, 31, 32, 33, 128, 129, 256, 257, 1000, 100003}) {
     CAPTURE(n);
     const auto y = test::nasty_values<T>(n, static_cast<std::uint64_t>(n));
     const auto dy = test::smooth_values<T>(n, static_cast<std::uint64_t>(n) + 1);
@@ -241,6 +242,28 @@ TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::
                       {d_in_place.data(), dropit::shape{n}}, d_words.data());
     cuda_test::finish(gpu);
     CHECK_BITS_EQUAL(d_in_place.download(), want_relu);
+
+    // From the second element: no pointer is 16-byte aligned, so the kernels go element by
+    // element; the words count from that element.
+    if (n > 1) {
+      const std::int64_t m = n - 1;
+      const std::vector<T> y_tail(y.begin() + 1, y.end()), dy_tail(dy.begin() + 1, dy.end());
+      std::vector<std::uint32_t> tail_words(static_cast<std::size_t>(relu_mask_words(m)));
+      std::vector<T> tail_dx(dy_tail.size());
+      pack_relu_mask<T>(serial, test::view_of(y_tail, {m}), tail_words.data());
+      apply_relu_mask<T>(serial, tail_words.data(), test::view_of(dy_tail, {m}),
+                         test::view_of(tail_dx, {m}));
+      device_buffer<std::uint32_t> d_tail_words(tail_words.size());
+      d_tail_words.poison();
+      d_dx.poison();
+      pack_relu_mask<T>(gpu, {d_y.data() + 1, dropit::shape{m}}, d_tail_words.data());
+      apply_relu_mask<T>(gpu, d_tail_words.data(), {d_dy.data() + 1, dropit::shape{m}},
+                         {d_dx.data() + 1, dropit::shape{m}});
+      cuda_test::finish(gpu);
+      CHECK(d_tail_words.download() == tail_words);
+      const std::vector<T> dx = d_dx.download();
+      CHECK_BITS_EQUAL(std::vector<T>(dx.begin() + 1, dx.end()), tail_dx);
+    }
   }
 }
 

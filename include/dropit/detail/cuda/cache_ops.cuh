@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -392,10 +393,27 @@ void densify(cudaStream_t stream, const cache_view<const T>& cache, Out* out,
 // ---------------------------------------------------------------------------------------------
 // ReLU masks
 
+/// Whether every pointer given (null ones aside) allows 16-byte loads and stores.
+inline bool vector_aligned(std::initializer_list<const void*> pointers) {
+  return std::all_of(pointers.begin(), pointers.end(),
+                     [](const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; });
+}
+
+/// Blocks for warp tiles of `tile_items` elements over `n` elements: one warp per tile.
+inline unsigned grid_for_tiles(std::int64_t n, std::int64_t tile_items) {
+  return grid_for((n + tile_items - 1) / tile_items, block_threads / 32);
+}
+
 template <storage_type T>
 void pack_relu_mask(cudaStream_t stream, const T* x, T* y, std::int64_t n, std::uint32_t* words) {
   if (n == 0) return;
-  pack_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(x, y, n, words);
+  constexpr int V = vector_items<T>;
+  if (vector_aligned({x, y}))
+    pack_relu_mask_kernel<T, V>
+        <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(x, y, n, words);
+  else
+    pack_relu_mask_kernel<T, 1>
+        <<<grid_for_tiles(n, 32), block_threads, 0, stream>>>(x, y, n, words);
   check_launch("dropit pack_relu_mask_kernel");
 }
 
@@ -403,7 +421,13 @@ template <storage_type T>
 void apply_relu_mask(cudaStream_t stream, const std::uint32_t* words, const T* dy, T* dx,
                      std::int64_t n) {
   if (n == 0) return;
-  apply_relu_mask_kernel<T><<<grid_for(n), block_threads, 0, stream>>>(words, dy, dx, n);
+  constexpr int V = vector_items<T>;
+  if (vector_aligned({dy, dx}))
+    apply_relu_mask_kernel<T, V>
+        <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(words, dy, dx, n);
+  else
+    apply_relu_mask_kernel<T, 1>
+        <<<grid_for_tiles(n, 32), block_threads, 0, stream>>>(words, dy, dx, n);
   check_launch("dropit apply_relu_mask_kernel");
 }
 

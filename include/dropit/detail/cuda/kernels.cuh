@@ -364,8 +364,7 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
     const T* chunk_values = values + layout.values_begin(chunk);
     Out* chunk_out = out + layout.chunk_begin(chunk);
     const float scale = layout.value_scale(chunk);
-    const bool aligned =
-        reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_items<Out>) == 0;
+    const bool aligned = reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(four_items<Out>) == 0;
     for (std::uint32_t e = threadIdx.x * 4; e < length; e += block_threads * 4) {
       const std::uint32_t word = word_bits[e / 32], bit = e % 32;  // the 4 share the word
       std::uint32_t slot = word_first[e / 32] + __popc(word & ((1u << bit) - 1u));
@@ -377,8 +376,7 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
       if (aligned && e + 4 <= length) {
         *reinterpret_cast<four_items<Out>*>(chunk_out + e) = result;
       } else {
-        for (std::uint32_t j = 0; j < 4 && e + j < length; ++j)
-          chunk_out[e + j] = result.item[j];
+        for (std::uint32_t j = 0; j < 4 && e + j < length; ++j) chunk_out[e + j] = result.item[j];
       }
     }
     __syncthreads();  // before the words of the next chunk are written
@@ -604,29 +602,102 @@ DROPIT_KERNEL void store_gradient_kernel(const float* sum, T* out, std::int64_t 
 // ---------------------------------------------------------------------------------------------
 // ReLU masks.
 
-/// The mask of `x` into `words`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
+// Both kernels walk warp tiles of 32·V consecutive elements, V per lane: one 16-byte vector
+// (V = 16 / sizeof(T)) where every pointer is 16-byte aligned, else one element (V = 1). A lane's
+// V keep bits are consecutive in the tile's mask words, so a word is the OR of 32 / V lanes' bits.
+// Where V = 1, and in a tile that the tensor's end cuts short, a word is one ballot. Bytes:
+// the pack reads n·s and writes n·s (unless y is null) + n/8, the apply reads n·s + n/8 and writes
+// n·s, each element once, in one launch; 16-byte loads keep 32 KiB per SM in flight, enough for
+// the copy rate's latency.
+
+/// Elements of T in one 16-byte load.
 template <class T>
+inline constexpr int vector_items = 16 / static_cast<int>(sizeof(T));
+
+/// V consecutive elements loaded or stored at once (the address a multiple of V elements).
+template <class T, int V>
+struct alignas(V * sizeof(T)) item_vector {
+  T item[V];
+};
+
+/// The warp tiles of `n` elements and this warp's first one, and the grid's warp count.
+struct warp_tiles {
+  std::int64_t count, first, stride;
+  __device__ warp_tiles(std::int64_t n, int tile_items)
+      : count((n + tile_items - 1) / tile_items),
+        first((std::int64_t{blockIdx.x} * block_threads + threadIdx.x) / 32),
+        stride(std::int64_t{gridDim.x} * (block_threads / 32)) {}
+};
+
+/// The mask of `x` into `words`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
+template <class T, int V>
 DROPIT_KERNEL void pack_relu_mask_kernel(const T* x, T* y, std::int64_t n, std::uint32_t* words) {
-  const std::int64_t lane = threadIdx.x & 31u;
-  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
-  // Loop by warp so that all 32 lanes vote on every word.
-  for (std::int64_t base = std::int64_t{blockIdx.x} * block_threads + (threadIdx.x & ~31u);
-       base < n; base += stride) {
-    const std::int64_t i = base + lane;
-    const T value = i < n ? x[i] : T{};
-    const bool passes = i < n && relu_passes(value);
-    const std::uint32_t bits = __ballot_sync(0xffffffffu, passes);
-    if (lane == 0) words[base / 32] = bits;
-    if (y != nullptr && i < n) y[i] = passes ? value : T{};
+  constexpr int tile_items = 32 * V, lanes_per_word = 32 / V;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const warp_tiles tiles(n, tile_items);
+  for (std::int64_t tile = tiles.first; tile < tiles.count; tile += tiles.stride) {
+    // The tile's own pointers and 32-bit offsets within it.
+    const T* tile_x = x + tile * tile_items;
+    T* tile_y = y == nullptr ? nullptr : y + tile * tile_items;
+    std::uint32_t* tile_words = words + tile * V;
+    const int items = static_cast<int>(min(n - tile * tile_items, std::int64_t{tile_items}));
+    if constexpr (V > 1) {
+      if (items == tile_items) {
+        auto values = *reinterpret_cast<const item_vector<T, V>*>(tile_x + lane * V);
+        std::uint32_t bits = 0;
+        for (int k = 0; k < V; ++k) {
+          const bool passes = relu_passes(values.item[k]);
+          bits |= static_cast<std::uint32_t>(passes) << k;
+          if (!passes) values.item[k] = T{};
+        }
+        if (tile_y != nullptr) *reinterpret_cast<item_vector<T, V>*>(tile_y + lane * V) = values;
+        bits <<= V * (lane % lanes_per_word);
+        for (int offset = 1; offset < lanes_per_word; offset *= 2)
+          bits |= __shfl_xor_sync(0xffffffffu, bits, offset);
+        if (lane % lanes_per_word == 0) tile_words[lane / lanes_per_word] = bits;
+        continue;
+      }
+    }
+    // Element by element (V = 1, or the last tile, cut short): 32 per round, one ballot a word.
+    for (int first = 0; first < items; first += 32) {
+      const int i = first + lane;
+      const T value = i < items ? tile_x[i] : T{};
+      const bool passes = i < items && relu_passes(value);
+      const std::uint32_t bits = __ballot_sync(0xffffffffu, passes);
+      if (lane == 0) tile_words[first / 32] = bits;
+      if (tile_y != nullptr && i < items) tile_y[i] = passes ? value : T{};
+    }
   }
 }
 
-template <class T>
+template <class T, int V>
 DROPIT_KERNEL void apply_relu_mask_kernel(const std::uint32_t* words, const T* dy, T* dx,
                                           std::int64_t n) {
-  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < n; i += stride)
-    dx[i] = (words[i / 32] >> (i % 32)) & 1u ? dy[i] : T{};
+  constexpr int tile_items = 32 * V;
+  const int lane = static_cast<int>(threadIdx.x & 31u);
+  const warp_tiles tiles(n, tile_items);
+  for (std::int64_t tile = tiles.first; tile < tiles.count; tile += tiles.stride) {
+    const T* tile_dy = dy + tile * tile_items;
+    T* tile_dx = dx + tile * tile_items;
+    const std::uint32_t* tile_words = words + tile * V;
+    const int items = static_cast<int>(min(n - tile * tile_items, std::int64_t{tile_items}));
+    if constexpr (V > 1) {
+      if (items == tile_items) {
+        const int first = lane * V;
+        const std::uint32_t bits = tile_words[first / 32] >> (first % 32);
+        auto values = *reinterpret_cast<const item_vector<T, V>*>(tile_dy + first);
+        for (int k = 0; k < V; ++k)
+          if (((bits >> k) & 1u) == 0) values.item[k] = T{};
+        *reinterpret_cast<item_vector<T, V>*>(tile_dx + first) = values;
+        continue;
+      }
+    }
+    for (int first = 0; first < items; first += 32) {
+      const std::uint32_t word = tile_words[first / 32];
+      const int i = first + lane;
+      if (i < items) tile_dx[i] = (word >> lane) & 1u ? tile_dy[i] : T{};
+    }
+  }
 }
 
 }  // namespace dropit::detail::cuda
