@@ -538,16 +538,17 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
 
     def _normalise(self, input: torch.Tensor, mean: torch.Tensor,
                    invstd: torch.Tensor) -> torch.Tensor:
-        """y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), as in the LibTorch
-        module: torch's native kernel in eval mode with mean 0, variance 1 and eps 0; α and β in
-        at least float32, as the forward's kernel computes them for a 16-bit input."""
-        dtype = torch.promote_types(invstd.dtype, torch.float32)
-        alpha = invstd.to(dtype)
-        if self.weight is not None:
-            alpha = alpha * self.weight.to(dtype)
-        beta = -mean.to(dtype) * alpha
-        if self.bias is not None:
-            beta = beta + self.bias.to(dtype)
+        """y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), α and β in at least
+        float32 as the forward's kernel computes them for a 16-bit input, and rounded once to the
+        input's type. Three operations where the types agree (this runs in every recomputing
+        layer's backward, where its host time counts); torch's native kernel in eval mode (mean
+        0, variance 1, eps 0) where they do not, as in the LibTorch module."""
+        alpha = invstd if self.weight is None else invstd * self.weight
+        beta = (-mean * alpha if self.bias is None
+                else torch.addcmul(self.bias, mean, alpha, value=-1))
+        if alpha.dtype == input.dtype:
+            shape = (-1,) + (1,) * (input.dim() - 2)
+            return torch.addcmul(beta.view(shape), input, alpha.view(shape))
         return torch.native_batch_norm(input, alpha, beta, torch.zeros_like(alpha),
                                        torch.ones_like(alpha), False, 0.0, 0.0)[0]
 
