@@ -517,9 +517,10 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
     linear layer recomputes instead of caching. Running statistics move as torch's do; the
     recomputation normalises with what the forward used (the batch's statistics in training,
     without touching the running ones; the running ones otherwise). With the batch's statistics
-    that torch's native kernel saved for its backward, the recomputation is one affine pass
-    (torch's kernel rounds it in its own order: equal to the forward's output within rounding, on
-    the CPU within the last bit); without them it runs the kernel again."""
+    that the forward's kernel saved for its backward (torch's native one, or cuDNN's), the
+    recomputation is one affine pass (the kernel rounds it in its own order: equal to the forward's
+    output within rounding, on the CPU within the last bit); without them it runs the kernel
+    again."""
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         batch_statistics = self.training or not self.track_running_stats
@@ -567,16 +568,21 @@ def _saved_tensor_hooks_active() -> bool:
     return top is None or top(False) is not None
 
 
+# The autograd nodes of the batch-norm kernels whose saved result1 and result2 are the batch's mean
+# and inverse standard deviation: torch's native kernel's, and cuDNN's in training (torch's own
+# decomposition of cudnn_batch_norm returns native_batch_norm's results as its first three).
+_BATCH_STATISTICS_NODES = ("NativeBatchNormBackward0", "CudnnBatchNormBackward0")
+
+
 def _native_batch_statistics(output: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """The batch's mean and inverse standard deviation that torch's native batch-norm kernel saved
-    for the backward of ``output``; None when autograd did not record it, another kernel (cuDNN's,
-    whose saved statistics follow its own conventions) produced it, or saved-tensor hooks would
-    run on reading them."""
+    """The batch's mean and inverse standard deviation that the batch-norm kernel (torch's native
+    one, or cuDNN's) saved for the backward of ``output``; None when autograd did not record them,
+    another kernel produced it, or saved-tensor hooks would run on reading them."""
     if (not torch.is_grad_enabled() or torch.compiler.is_compiling()
             or _saved_tensor_hooks_active()):
         return None
     node = output.grad_fn
-    if node is None or type(node).__name__ != "NativeBatchNormBackward0":
+    if node is None or type(node).__name__ not in _BATCH_STATISTICS_NODES:
         return None
     return node._saved_result1, node._saved_result2
 

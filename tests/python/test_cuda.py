@@ -5,7 +5,8 @@
 - a converted ResNet-18 trains on CUDA like the dense one at gamma = 0, under autocast too, and so
   does a model of the other converted layers (Conv3d, Conv1d, attention, Hugging Face's Conv1D);
 - a dropit training step never synchronises the device (torch's sync debug mode raises if it does);
-- work runs on torch's current stream and on the tensor's device.
+- work runs on torch's current stream and on the tensor's device;
+- a convolution after BatchNorm -> ReLU recomputes its input from the statistics cuDNN saved.
 
 Skipped, saying so, without a CUDA device; with one, a dropit built without CUDA fails them.
 """
@@ -17,6 +18,7 @@ import torch
 
 import dropit
 from cases import DTYPES, POLICIES, Sequence
+from test_recompute import conv_stack
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device: the CUDA tests are skipped", allow_module_level=True)
@@ -147,3 +149,37 @@ def test_gamma_zero_sequence_layers_step_equals_dense(autocast_dtype):
     x = torch.randn(3, 2, 6, 4, 4, device="cuda")
     target = torch.randint(0, 10, (3,), device="cuda")
     check_step_equals_dense(dense, model, x, target, autocast_dtype)
+
+
+@pytest.fixture
+def exact_cudnn():
+    """cuDNN in float32 without TF32 and with deterministic algorithms, restored afterwards."""
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = False, True
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cudnn.deterministic = saved
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_convolutions_after_batch_norm_and_relu_recompute_from_cudnns_statistics(
+        exact_cudnn, memory_format, monkeypatch):
+    probe = torch.nn.BatchNorm2d(16).cuda()(torch.randn(8, 16, 4, 4, device="cuda",
+                                                         requires_grad=True))
+    assert type(probe.grad_fn).__name__ == "CudnnBatchNormBackward0"  # what this test is about
+    dense = conv_stack().cuda()
+    model = copy.deepcopy(dense)
+    x = torch.randn(8, 3, 24, 24, device="cuda").contiguous(memory_format=memory_format)
+    dropit.convert(model, gamma=0.9, example_input=x)
+    dense(x).square().sum().backward()
+    loss = model(x).square().sum()
+
+    def batch_norm_again(*args, **kwargs):
+        raise AssertionError("backward ran batch norm again")
+
+    # One affine pass from the statistics cuDNN's kernel saved: no batch norm in backward.
+    monkeypatch.setattr(torch.nn.functional, "batch_norm", batch_norm_again)
+    loss.backward()
+    for (name, actual), expected in zip(model.named_parameters(), dense.parameters()):
+        # Within rounding: the recomputed inputs round the normalisation in their own order.
+        torch.testing.assert_close(actual.grad, expected.grad, rtol=0,
+                                   atol=1e-5 * expected.grad.abs().max().item(), msg=name)
