@@ -4,7 +4,8 @@ one, with torch.profiler: where the step's device time goes, how many kernels ea
 launches and how much host time it takes per call, and dropit's share of the step.
 
 Tables (Markdown):
-- the step, dense and dropit: kernels launched, device time of those kernels, host (wall) time;
+- the step, dense and dropit: kernels launched, device time of those kernels, host (wall) time
+  profiled; without the profiler, the host time to queue a step and the step's time;
 - each dropit operator (anything whose name holds "dropit", forward and backward, outermost only):
   calls, kernels per call, host time per call, device time per call, share of the step's device
   time;
@@ -101,13 +102,33 @@ def profiled_step(model, x, y, device, warmup):
         wall_us = (time.perf_counter() - start) * 1e6
     events = list(prof.events())
     kernels = [k for e in events for k in e.kernels]
+    enqueue_us, step_us = unprofiled_step(model, optimizer, x, y, device)
     return {
         "prof": prof,
         "events": events,
         "wall_us": wall_us,
         "kernels": len(kernels),
         "device_us": sum(k.duration for k in kernels),
+        "enqueue_us": enqueue_us,
+        "step_us": step_us,
     }
+
+
+def unprofiled_step(model, optimizer, x, y, device, steps=11):
+    """Medians over `steps` steps without the profiler (whose own host cost inflates the profiled
+    step's): the host time until a step's last operation is queued, and the step's whole time. A
+    step whose host time reaches its whole time is bound by the host, not the device."""
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    enqueue, whole = [], []
+    for _ in range(steps):
+        synchronize()
+        start = time.perf_counter()
+        train_step(model, optimizer, x, y)
+        queued = time.perf_counter()
+        synchronize()
+        enqueue.append((queued - start) * 1e6)
+        whole.append((time.perf_counter() - start) * 1e6)
+    return sorted(enqueue)[steps // 2], sorted(whole)[steps // 2]
 
 
 def per_operator(events):
@@ -126,11 +147,15 @@ def per_operator(events):
 def report(model_name, shape, device, gamma, dense, converted):
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     lines = [f"# Profile of one training step: {model_name} ({shape}) on {where}, gamma {gamma}",
-             "", f"torch {torch.__version__}; one step after warm-up, torch.profiler.", "",
-             "| step | kernels | device time (ms) | host time (ms) |", "|---|---:|---:|---:|"]
+             "", f"torch {torch.__version__}; one step after warm-up, torch.profiler; then the "
+             "median of 11 steps without it: the host time until the step's last operation is "
+             "queued, and the step's time (host-bound where the two meet).", "",
+             "| step | kernels | device time (ms) | host time, profiled (ms) | host time to queue "
+             "(ms) | step time (ms) |", "|---|---:|---:|---:|---:|---:|"]
     for name, run in (("dense", dense), ("dropit", converted)):
         lines.append(f"| {name} | {run['kernels']} | {run['device_us'] / 1e3:.2f} | "
-                     f"{run['wall_us'] / 1e3:.2f} |")
+                     f"{run['wall_us'] / 1e3:.2f} | {run['enqueue_us'] / 1e3:.2f} | "
+                     f"{run['step_us'] / 1e3:.2f} |")
 
     per_op = per_operator(converted["events"])
     total_device = max(converted["device_us"], 1e-9)
