@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Host cost of a converted layer: forward + backward of dropit.nn.Linear, Conv2d and ReLU on tiny
-tensors (kernel time about zero: what remains is dispatch, argument checks, allocation and autograd
-bookkeeping — the cost that bounds a GPU step), as a ratio to torch's own layer.
-
+"""Host cost of a converted layer: forward + backward of dropit.nn.Linear, Conv2d and ReLU, and of a
+converted BatchNorm -> ReLU -> Conv2d block (recomputing the convolution's input, or caching it),
+on tiny tensors (kernel time about zero: what remains is dispatch, argument checks, allocation and
+autograd bookkeeping — the cost that bounds a GPU step), as a ratio to torch's own layer.
 The two take their calls in turn, in rounds of --calls each, so that drift of a shared machine
 cancels; the ratio is the median over rounds of each round's ratio.
 
@@ -32,16 +32,28 @@ import dropit
 from bench_common import cpu_name, print_table
 
 
+def converted(model: nn.Module, **options) -> nn.Module:
+    model = copy.deepcopy(model)
+    dropit.convert(model, gamma=0.9, skip_first=False, **options)
+    return model
+
+
 def cases():
     torch.manual_seed(0)
     linear = nn.Linear(8, 8)
     conv = nn.Conv2d(4, 4, 3, padding=1)
+    # A ResNet's BatchNorm -> ReLU -> convolution: the convolution recomputes its input from the
+    # BatchNorm's (convert's default), or caches it (recompute=False).
+    block = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
     return {
         "linear": (linear, dropit.nn.Linear.from_dense(copy.deepcopy(linear), gamma=0.9),
                    torch.randn(2, 8)),
         "conv2d": (conv, dropit.nn.Conv2d.from_dense(copy.deepcopy(conv), gamma=0.9),
                    torch.randn(1, 4, 6, 6)),
         "relu": (nn.ReLU(), dropit.nn.ReLU(), torch.randn(2, 64)),
+        "BatchNorm-ReLU-conv2d, recomputing": (block, converted(block), torch.randn(2, 4, 6, 6)),
+        "BatchNorm-ReLU-conv2d, caching": (block, converted(block, recompute=False),
+                                           torch.randn(2, 4, 6, 6)),
     }
 
 

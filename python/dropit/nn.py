@@ -539,17 +539,23 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
 
     def _normalise(self, input: torch.Tensor, mean: torch.Tensor,
                    invstd: torch.Tensor) -> torch.Tensor:
-        """y = x·α + β per channel (α = invstd·weight, β = bias − mean·α), α and β in at least
-        float32 as the forward's kernel computes them for a 16-bit input, and rounded once to the
-        input's type. Three operations where the types agree (this runs in every recomputing
-        layer's backward, where its host time counts); torch's native kernel in eval mode (mean
-        0, variance 1, eps 0) where they do not, as in the LibTorch module."""
-        alpha = invstd if self.weight is None else invstd * self.weight
-        beta = (-mean * alpha if self.bias is None
-                else torch.addcmul(self.bias, mean, alpha, value=-1))
-        if alpha.dtype == input.dtype:
-            shape = (-1,) + (1,) * (input.dim() - 2)
-            return torch.addcmul(beta.view(shape), input, alpha.view(shape))
+        """The forward's output again from the batch's statistics, in one pass without a reduction
+        over the batch: torch's native kernel in eval mode (vectorised per channel, where a
+        broadcasting addcmul on NCHW is not). With float statistics, the batch's mean as the
+        running mean, 1/invstd² as the running variance and eps 0 (the kernel takes
+        1/sqrt(1/invstd²) for invstd: within rounding), two operations, since this runs in every
+        recomputing layer's backward, where its host time counts. With 16-bit ones (a 16-bit
+        module), y = x·α + β per channel with α = invstd·weight and β = bias − mean·α in float32,
+        as the forward's kernel computes them (mean 0, variance 1)."""
+        if invstd.dtype in (torch.float32, torch.float64):
+            return torch.native_batch_norm(input, self.weight, self.bias, mean, invstd.pow(-2),
+                                           False, 0.0, 0.0)[0]
+        alpha = invstd.float()
+        if self.weight is not None:
+            alpha = alpha * self.weight.float()
+        beta = -mean.float() * alpha
+        if self.bias is not None:
+            beta = beta + self.bias.float()
         return torch.native_batch_norm(input, alpha, beta, torch.zeros_like(alpha),
                                        torch.ones_like(alpha), False, 0.0, 0.0)[0]
 
