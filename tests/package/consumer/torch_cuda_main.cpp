@@ -55,16 +55,20 @@ void expect_near(const std::string& what, const torch::Tensor& actual,
              std::to_string(scale) + ")");
 }
 
+/// Gives torch's layer the dropit layer's weight and bias.
+template <class DropitLayer, class TorchLayer>
+void copy_parameters(DropitLayer& layer, TorchLayer& dense) {
+  torch::NoGradGuard no_grad;
+  dense->weight.copy_(layer->weight);
+  dense->bias.copy_(layer->bias);
+}
+
 /// Runs the same input through a dropit layer and torch's, sharing parameters, and compares the
 /// output and the gradients of the input and of every parameter.
 template <class DropitLayer, class TorchLayer>
 void expect_same_as_torch(const char* name, DropitLayer& layer, TorchLayer& dense,
                           const torch::Tensor& input) {
-  {
-    torch::NoGradGuard no_grad;
-    dense->weight.copy_(layer->weight);
-    dense->bias.copy_(layer->bias);
-  }
+  copy_parameters(layer, dense);
   const torch::Tensor x1 = input.clone().requires_grad_(true);
   const torch::Tensor x2 = input.clone().requires_grad_(true);
   const torch::Tensor y1 = layer->forward(x1), y2 = dense->forward(x2);
@@ -213,11 +217,7 @@ void check_plan(const torch::Device& cuda) {
 template <class DropitLayer, class TorchLayer>
 void check_autocast(const char* name, DropitLayer& layer, TorchLayer& dense,
                     const torch::Tensor& input) {
-  {
-    torch::NoGradGuard no_grad;
-    dense->weight.copy_(layer->weight);
-    dense->bias.copy_(layer->bias);
-  }
+  copy_parameters(layer, dense);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   at::autocast::set_autocast_enabled(at::kCUDA, true);
   const torch::Tensor y1 = layer->forward(input), y2 = dense->forward(input);
