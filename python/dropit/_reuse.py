@@ -6,7 +6,9 @@
   applied to one) whose inputs autograd keeps anyway: the linear or convolution layer saves nothing
   and recomputes its input in backward, exactly (the same kernels on the same tensors; after
   BatchNorm in training, one affine pass from the statistics it saved, within rounding), and its
-  weight gradient is the dense one.
+  weight gradient is the dense one. A 2-D convolution after a training BatchNorm (through a dropit
+  ReLU or not), a ResNet's commonest layer, does so in C++ (the LibTorch adapters' function);
+  the others through a Python autograd function.
 - With ``recompute_layers``, the output of such a layer (its forward again on the recomputed
   input), which a producer then keeps none of (BatchNorm after a convolution after BatchNorm ->
   ReLU, GELU after a linear layer after LayerNorm): one more forward of the layer in backward.
@@ -21,6 +23,8 @@ from typing import Callable, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
+from . import _C
+
 # The autograd nodes of torch's fused attention kernels: each keeps the attention's output for its
 # own backward.
 _FUSED_ATTENTION_NODES = frozenset((
@@ -28,7 +32,8 @@ _FUSED_ATTENTION_NODES = frozenset((
     "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"))
 
 # The attribute a producer's output carries: (its version when produced, the sources' versions,
-# recompute, sources, whether recompute runs a layer's forward).
+# recompute, sources, whether recompute runs a layer's forward, the BatchNorm tensors a C++
+# recomputation takes or None, whether a ReLU follows that BatchNorm).
 _RECIPE = "_dropit_recompute"
 
 
@@ -42,12 +47,17 @@ def kept_by_attention(input: torch.Tensor) -> bool:
 
 
 def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch.Tensor,
-                      runs_layer: bool = False):
+                      runs_layer: bool = False, batch_norm: Optional[tuple] = None,
+                      relu: bool = False):
     """Marks ``output`` as ``recompute(*sources)``: the sources are tensors autograd keeps anyway
-    (the producer's input, parameters); ``runs_layer``: recompute runs a layer's forward again."""
+    (the producer's input, parameters); ``runs_layer``: recompute runs a layer's forward again.
+    ``batch_norm``: where ``output`` is a training BatchNorm's (then a ReLU's, ``relu``), the
+    BatchNorm's input, weight, bias and the batch's mean and inverse standard deviation, from which
+    a 2-D convolution recomputes it in C++ (``conv2d_after_batch_norm``)."""
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         versions = tuple(source._version for source in sources)
-        setattr(output, _RECIPE, (output._version, versions, recompute, sources, runs_layer))
+        setattr(output, _RECIPE,
+                (output._version, versions, recompute, sources, runs_layer, batch_norm, relu))
     return output
 
 
@@ -62,11 +72,19 @@ def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     recipe = input.__dict__.get(_RECIPE)
     if recipe is None:
         return None
-    version, source_versions, recompute, sources, runs_layer = recipe
+    version, source_versions, recompute, sources, runs_layer = recipe[:5]
     if version != input._version or torch.is_autocast_enabled(input.device.type) or any(
             source._version != v for source, v in zip(sources, source_versions)):
         return None  # modified in place since, or computed in another dtype
     return recompute, sources, runs_layer
+
+
+def batch_norm_of(input: torch.Tensor) -> Optional[Tuple[tuple, bool]]:
+    """(the BatchNorm tensors, whether a ReLU followed) of an untouched output marked with them,
+    else None."""
+    if marked(input) is None:
+        return None
+    return input.__dict__[_RECIPE][5:]
 
 
 def recipe_of(input: torch.Tensor,
@@ -226,6 +244,11 @@ def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
     producer's untouched output and the layer caches it; ``through_layers`` as for linear."""
     if torch.compiler.is_compiling() or not carries_recipe(input):
         return None
+    if not through_layers and len(stride) == 2:
+        batch_norm, relu = batch_norm_of(input) or (None, False)
+        if batch_norm is not None:  # a ResNet's BatchNorm -> ReLU -> conv: all of it in C++
+            return _C.conv2d_after_batch_norm(input, weight, bias, stride, padding, dilation,
+                                              groups, batch_norm, relu)
     arguments = (list(stride), list(padding), list(dilation), groups)
     return _layer_on_recomputed_input(
         input, through_layers,

@@ -533,7 +533,9 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
         output = nn.BatchNorm2d.forward(self, input)
         statistics = _native_batch_statistics(output) if batch_statistics else None
         if statistics is not None:
-            return _reuse.mark_recomputable(output, self._normalise, input, *statistics)
+            return _reuse.mark_recomputable(
+                output, self._normalise, input, *statistics,
+                batch_norm=(input, self.weight, self.bias, *statistics))
         recompute = functools.partial(self._recompute, batch_statistics)
         return _reuse.mark_recomputable(output, recompute, input)
 
@@ -627,8 +629,10 @@ class ReLU(nn.ReLU):
         if found is None:
             return output
         recompute, sources, runs_layer = found
+        batch_norm, relu = _reuse.batch_norm_of(input)
         return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources,
-                                        runs_layer=runs_layer)
+                                        runs_layer=runs_layer,
+                                        batch_norm=None if relu else batch_norm, relu=True)
 
 
 def _relu_of(recompute, *sources) -> torch.Tensor:

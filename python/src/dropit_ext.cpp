@@ -150,6 +150,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("groups"), py::arg("policy"), py::arg("call_key") = py::none(),
       py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.conv2d with `policy`.");
+  m.def(
+      "conv2d_after_batch_norm",
+      [](const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+         const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding,
+         const std::vector<std::int64_t>& dilation, std::int64_t groups,
+         const std::vector<std::optional<at::Tensor>>& batch_norm, bool relu) {
+        return dropit_python::call_conv2d_after_batch_norm(input, weight, bias, stride, padding,
+                                                           dilation, groups, batch_norm, relu);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
+      py::arg("dilation"), py::arg("groups"), py::arg("batch_norm"), py::arg("relu"),
+      py::call_guard<py::gil_scoped_release>(),
+      "A 2-D convolution recomputing its input from BatchNorm's (batch_norm: its input, weight, "
+      "bias, the batch's mean and inverse standard deviation), through a ReLU where `relu`.");
   m.def("relu", &dropit_python::call_relu, py::arg("input"),
         py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.relu.");
 

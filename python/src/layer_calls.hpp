@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "policy_arguments.hpp"
 
@@ -22,5 +23,17 @@ at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
                        at::IntArrayRef padding, at::IntArrayRef dilation, std::int64_t groups,
                        const operator_policy& policy, const std::optional<at::Tensor>& call_key);
 at::Tensor call_relu(const at::Tensor& input);
+
+/// A zero-padded 2-D convolution whose input is BatchNorm's output (after a dropit ReLU where
+/// `relu`), recomputed in backward from `batch_norm`: BatchNorm's input, weight, bias (either may
+/// be undefined), and the batch's mean and inverse standard deviation its kernel saved. The
+/// LibTorch adapters' function (include/dropit/torch/recompute.hpp): the Python layers' common
+/// recomputation, without a Python autograd function or Python calls in backward.
+at::Tensor call_conv2d_after_batch_norm(const at::Tensor& input, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& bias,
+                                        at::IntArrayRef stride, at::IntArrayRef padding,
+                                        at::IntArrayRef dilation, std::int64_t groups,
+                                        const std::vector<std::optional<at::Tensor>>& batch_norm,
+                                        bool relu);
 
 }  // namespace dropit_python

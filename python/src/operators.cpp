@@ -375,6 +375,37 @@ at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
                                 p.call, p.rescale, call_key);
 }
 
+at::Tensor call_conv2d_after_batch_norm(const at::Tensor& input, const at::Tensor& weight,
+                                        const std::optional<at::Tensor>& bias,
+                                        at::IntArrayRef stride, at::IntArrayRef padding,
+                                        at::IntArrayRef dilation, std::int64_t groups,
+                                        const std::vector<std::optional<at::Tensor>>& batch_norm,
+                                        bool relu) {
+  dropit::detail::expect(batch_norm.size() == 5, "conv2d_after_batch_norm: ", batch_norm.size(),
+                         " BatchNorm tensors; expected its input, weight, bias, the batch's mean "
+                         "and inverse standard deviation");
+  dropit::detail::expect(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+                         "conv2d_after_batch_norm: stride, padding and dilation of ", stride.size(),
+                         ", ", padding.size(), " and ", dilation.size(),
+                         " values; expected 2 each");
+  dt::detail::recomputable_input recomputable;
+  recomputable.recipe.what = dt::detail::producer_recipe::kind::batch_norm;
+  recomputable.recipe.batch_statistics = true;
+  recomputable.recipe.relu = relu;
+  for (const auto& tensor : batch_norm)
+    recomputable.sources.push_back(tensor.value_or(at::Tensor()));
+  dropit::conv2d_params params;
+  params.groups = groups;
+  for (std::size_t i = 0; i < 2; ++i) {
+    params.stride[i] = stride[i];
+    params.padding[i] = padding[i];
+    params.dilation[i] = dilation[i];
+  }
+  const at::Tensor defined_bias = bias.value_or(at::Tensor());
+  return dt::RecomputedInputConv2dFunction::apply(
+      input, weight, dt::compat::optional_argument(defined_bias, weight), params, recomputable);
+}
+
 at::Tensor call_relu(const at::Tensor& input) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("dropit::relu", "")

@@ -173,6 +173,15 @@ def test_convolutions_after_batch_norm_and_relu_recompute_their_inputs(memory_fo
         assert torch.equal(a, b), name  # running statistics move as torch's do
 
 
+def test_a_convolution_after_batch_norm_recomputes_in_cpp_unless_through_layers():
+    x = torch.randn(4, 3, 12, 12)
+    for through_layers, node in ((False, "RecomputedInputConv2dFunction"),
+                                 (True, "RecomputedInputConvolutionBackward")):
+        model = conv_stack()
+        dropit.convert(model, gamma=0.9, recompute_layers=through_layers, example_input=x)
+        assert node in model[:4](x).grad_fn.name()  # conv, BatchNorm, ReLU, conv
+
+
 def test_recomputation_after_a_batch_norm_in_training_does_not_run_batch_norm_again(monkeypatch):
     model = conv_stack()
     x = torch.randn(4, 3, 12, 12)

@@ -392,15 +392,17 @@ struct RecomputedInputConv2dFunction
     const at::Tensor& weight = saved[0];
     const conv2d_params params = detail::load_conv2d_params(ctx);
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    const bool want_bias = ctx->needs_input_grad(2);
     at::Tensor d_input, d_weight, d_bias;
-    if (want_weight) {
-      std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
-          grads[0], detail::recompute_input(ctx, saved), weight, params, {want_input, true, false});
+    if (want_weight) {  // torch's convolution backward, as the dense layer's, bias included
+      std::tie(d_input, d_weight, d_bias) =
+          dense_conv2d_backward(grads[0], detail::recompute_input(ctx, saved), weight, params,
+                                {want_input, true, want_bias});
     } else if (want_input) {
       d_input = conv2d_input_grad(grads[0].contiguous(), weight,
                                   ctx->saved_data["input_sizes"].toIntVector(), params);
     }
-    if (ctx->needs_input_grad(2)) d_bias = grads[0].sum({0, 2, 3});
+    if (want_bias && !d_bias.defined()) d_bias = grads[0].sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };

@@ -163,9 +163,10 @@ struct saved_cache {
     const auto words = static_cast<std::int64_t>((layout.position_bytes() + 3) / 4);
     d::expect(positions.scalar_type() == at::kInt && positions.is_contiguous() &&
                   positions.numel() == words,
-              "cache positions are ", positions.numel(), " ", c10::toString(positions.scalar_type()),
-              " elements", positions.is_contiguous() ? "" : " (non-contiguous)",
-              " but the layout needs ", words, " contiguous int32 words");
+              "cache positions are ", positions.numel(), " ",
+              c10::toString(positions.scalar_type()), " elements",
+              positions.is_contiguous() ? "" : " (non-contiguous)", " but the layout needs ", words,
+              " contiguous int32 words");
   }
 
   template <storage_type T>
@@ -180,13 +181,14 @@ struct saved_cache {
   std::vector<std::int64_t> packed_layout() const {
     std::vector<std::int64_t> words{layout.shape.rank};
     words.insert(words.end(), layout.shape.extents.begin(), layout.shape.extents.end());
-    words.insert(words.end(),
-                 {static_cast<std::int64_t>(layout.type), static_cast<std::int64_t>(layout.selection),
-                  layout.channel_granularity, static_cast<std::int64_t>(layout.encoding),
-                  std::bit_cast<std::int64_t>(layout.gamma), std::bit_cast<std::int64_t>(layout.seed),
-                  layout.rescale, layout.chunk_size, layout.kept_per_chunk, layout.kept_per_tail,
-                  layout.offset_bytes, layout.channel_axis, layout.outer, layout.channels,
-                  layout.inner, layout.kept_channels});
+    words.insert(
+        words.end(),
+        {static_cast<std::int64_t>(layout.type), static_cast<std::int64_t>(layout.selection),
+         layout.channel_granularity, static_cast<std::int64_t>(layout.encoding),
+         std::bit_cast<std::int64_t>(layout.gamma), std::bit_cast<std::int64_t>(layout.seed),
+         layout.rescale, layout.chunk_size, layout.kept_per_chunk, layout.kept_per_tail,
+         layout.offset_bytes, layout.channel_axis, layout.outer, layout.channels, layout.inner,
+         layout.kept_channels});
     return words;
   }
 
@@ -261,7 +263,8 @@ inline saved_cache compress_planned(const at::Tensor& input, const cache_layout&
 inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
   expect_usable(input, "compress input");
   return detail::compress_planned(
-      input, plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input")));
+      input,
+      plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input")));
 }
 
 namespace detail {
@@ -347,8 +350,8 @@ inline at::MemoryFormat relu_memory_format(const at::Tensor& t) {
 /// A tensor of dtype `T` stored densely (in any memory format), as a view of its elements in
 /// memory order.
 template <class T>
-requires storage_type<std::remove_const_t<T>>
-tensor_view<T> memory_order_view(const at::Tensor& t) {
+requires storage_type<std::remove_const_t<T>> tensor_view<T> memory_order_view(
+    const at::Tensor& t) {
   return {static_cast<T*>(const_cast<void*>(t.data_ptr())), dropit::shape{t.numel()}};
 }
 
@@ -381,20 +384,18 @@ inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask
   // place: the copy is already a tensor of its own.
   const bool copied = !dy_any.is_contiguous(format);
   const at::Tensor dy = dy_any.contiguous(format);
-  dropit::detail::expect(mask.scalar_type() == at::kInt && mask.is_contiguous() &&
-                             mask.numel() == relu_mask_words(dy.numel()) &&
-                             mask.device() == dy.device(),
-                         "ReLU mask of ", mask.numel(), " ", c10::toString(mask.scalar_type()),
-                         " words on ", mask.device(), " does not fit a gradient of shape ",
-                         shape_of(dy), " on ", dy.device(), " (expected ",
-                         relu_mask_words(dy.numel()), " int32 words)");
+  dropit::detail::expect(
+      mask.scalar_type() == at::kInt && mask.is_contiguous() &&
+          mask.numel() == relu_mask_words(dy.numel()) && mask.device() == dy.device(),
+      "ReLU mask of ", mask.numel(), " ", c10::toString(mask.scalar_type()), " words on ",
+      mask.device(), " does not fit a gradient of shape ", shape_of(dy), " on ", dy.device(),
+      " (expected ", relu_mask_words(dy.numel()), " int32 words)");
   at::Tensor dx = copied ? dy : at::empty_like(dy, format);
   on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
     visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
       using T = decltype(tag);
       apply_relu_mask<T>(backend, static_cast<const std::uint32_t*>(mask.data_ptr()),
-                         memory_order_view<const T>(dy),
-                         memory_order_view<T>(dx));
+                         memory_order_view<const T>(dy), memory_order_view<T>(dx));
     });
   });
   return dx;
@@ -460,8 +461,7 @@ struct weight_grad_layer {
 /// kernels ran 2-4x faster and the crossovers move towards 1: 0.95 (≥ 64-wide), 0.97 (≥ 32) and
 /// 0.99 on 3x3 convolutions, 0.99 on 1x1, and never up to 0.99 on linear layers.
 inline double sparse_weight_grad_crossover(const weight_grad_layer& layer) {
-  const bool avx512 =
-      dropit::detail::cpu::active_cpu_isa() == dropit::detail::cpu::cpu_isa::avx512;
+  const bool avx512 = dropit::detail::cpu::active_cpu_isa() == dropit::detail::cpu::cpu_isa::avx512;
   if (layer.conv2d && layer.taps >= 9) {
     if (avx512) return layer.row_width >= 64 ? 0.95 : layer.row_width >= 32 ? 0.97 : 0.99;
     return layer.row_width >= 32 ? 0.9 : 0.95;
@@ -527,7 +527,8 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
   const dropit::shape& a = input.layout.shape;
   const std::int64_t in_features = a.rank >= 1 ? a[a.rank - 1] : 0;
   const std::int64_t out_features = dz.size(-1);
-  dropit::detail::check_linear(input.layout, shape_of(dz), dropit::shape{out_features, in_features});
+  dropit::detail::check_linear(input.layout, shape_of(dz),
+                               dropit::shape{out_features, in_features});
   if (resolve_weight_grad_path(path, input.layout, {false, out_features}, dz.device()) ==
       weight_grad_path::densify) {
     const at::ScalarType type = accumulation_type(dz);
@@ -581,9 +582,12 @@ inline std::vector<std::int64_t> torch_pair(const std::int64_t (&pair)[2]) {
 inline std::tuple<at::Tensor, at::Tensor, at::Tensor> dense_conv2d_backward(
     const at::Tensor& dz, const at::Tensor& input, const at::Tensor& weight,
     const conv2d_params& params, std::array<bool, 3> wanted) {
-  return at::convolution_backward(dz, input, weight, c10::nullopt, torch_pair(params.stride),
-                                  torch_pair(params.padding), torch_pair(params.dilation),
-                                  /*transposed=*/false, {0, 0}, params.groups, wanted);
+  // The bias gradient, where wanted, as torch's convolution backward sums it (the dense layer's).
+  const std::array<std::int64_t, 1> bias_sizes{weight.size(0)};
+  return at::convolution_backward(
+      dz, input, weight, wanted[2] ? at::OptionalIntArrayRef(bias_sizes) : c10::nullopt,
+      torch_pair(params.stride), torch_pair(params.padding), torch_pair(params.dilation),
+      /*transposed=*/false, {0, 0}, params.groups, wanted);
 }
 
 /// The input gradient of a conv2d from dZ and the weight alone, for an input of `input_sizes`.
@@ -621,15 +625,15 @@ inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor&
                                      weight_grad_path path = weight_grad_path::automatic) {
   expect_matches_cache(input, dz);
   dropit::detail::check_conv2d(input.layout, shape_of(dz), dropit::shape(weight_size), params);
-  if (resolve_weight_grad_path(path, input.layout, conv2d_layer(weight_size, params), dz.device()) ==
-      weight_grad_path::densify) {
+  if (resolve_weight_grad_path(path, input.layout, conv2d_layer(weight_size, params),
+                               dz.device()) == weight_grad_path::densify) {
     // The weight's values are not read; only its shape is.
     const at::ScalarType type = accumulation_type(dz);
     const at::Tensor weight = at::empty(weight_size, dz.options().dtype(type));
-    return in_type(std::get<1>(dense_conv2d_backward(in_type(dz, type),
-                                                     in_type(densify(input), type), weight, params,
-                                                     {false, true, false})),
-                   dz.scalar_type());
+    return in_type(
+        std::get<1>(dense_conv2d_backward(in_type(dz, type), in_type(densify(input), type), weight,
+                                          params, {false, true, false})),
+        dz.scalar_type());
   }
   const at::Tensor dz_dense = dz.contiguous();
   at::Tensor dw = at::empty(weight_size, dz.options());
