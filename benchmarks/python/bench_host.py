@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Host cost of a converted layer: forward + backward of dropit.nn.Linear, Conv2d and ReLU, and of a
-converted BatchNorm -> ReLU -> Conv2d block (recomputing the convolution's input, or caching it),
-on tiny tensors (kernel time about zero: what remains is dispatch, argument checks, allocation and
-autograd bookkeeping — the cost that bounds a GPU step), as a ratio to torch's own layer.
+"""Host cost of a converted layer: forward + backward of dropit.nn.Linear, Conv2d and ReLU, and of
+converted BatchNorm -> ReLU -> Conv2d and LayerNorm -> Linear -> GELU -> Linear blocks (recomputing
+the layers' inputs, or caching them), on tiny tensors (kernel time about zero: what remains is
+dispatch, argument checks, allocation and autograd bookkeeping — the cost that bounds a GPU step),
+as a ratio to torch's own layers.
 The two take their calls in turn, in rounds of --calls each, so that drift of a shared machine
 cancels; the ratio is the median over rounds of each round's ratio.
 
@@ -45,6 +46,8 @@ def cases():
     # A ResNet's BatchNorm -> ReLU -> convolution: the convolution recomputes its input from the
     # BatchNorm's (convert's default), or caches it (recompute=False).
     block = nn.Sequential(nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1))
+    # A transformer's LayerNorm -> linear -> GELU -> linear: both linear layers recompute.
+    mlp = nn.Sequential(nn.LayerNorm(8), nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 8))
     return {
         "linear": (linear, dropit.nn.Linear.from_dense(copy.deepcopy(linear), gamma=0.9),
                    torch.randn(2, 8)),
@@ -54,6 +57,9 @@ def cases():
         "BatchNorm-ReLU-conv2d, recomputing": (block, converted(block), torch.randn(2, 4, 6, 6)),
         "BatchNorm-ReLU-conv2d, caching": (block, converted(block, recompute=False),
                                            torch.randn(2, 4, 6, 6)),
+        "LayerNorm-linear-GELU-linear, recomputing": (mlp, converted(mlp), torch.randn(2, 8)),
+        "LayerNorm-linear-GELU-linear, caching": (mlp, converted(mlp, recompute=False),
+                                                  torch.randn(2, 8)),
     }
 
 

@@ -6,9 +6,9 @@
   applied to one) whose inputs autograd keeps anyway: the linear or convolution layer saves nothing
   and recomputes its input in backward, exactly (the same kernels on the same tensors; after
   BatchNorm in training, one affine pass from the statistics it saved, within rounding), and its
-  weight gradient is the dense one. A 2-D convolution after a training BatchNorm (through a dropit
-  ReLU or not), a ResNet's commonest layer, does so in C++ (the LibTorch adapters' function);
-  the others through a Python autograd function.
+  weight gradient is the dense one. Linear layers and 2-D convolutions do so in C++ (the LibTorch
+  adapters' functions, include/dropit/torch/recompute.hpp); recomputation through layers and
+  convolutions of other dimensions through Python autograd functions.
 - With ``recompute_layers``, the output of such a layer (its forward again on the recomputed
   input), which a producer then keeps none of (BatchNorm after a convolution after BatchNorm ->
   ReLU, GELU after a linear layer after LayerNorm): one more forward of the layer in backward.
@@ -32,8 +32,8 @@ _FUSED_ATTENTION_NODES = frozenset((
     "ScaledDotProductEfficientAttentionBackward0", "ScaledDotProductCudnnAttentionBackward0"))
 
 # The attribute a producer's output carries: (its version when produced, the sources' versions,
-# recompute, sources, whether recompute runs a layer's forward, the BatchNorm tensors a C++
-# recomputation takes or None, whether a ReLU follows that BatchNorm).
+# recompute, sources, whether recompute runs a layer's forward, what the C++ recomputation takes
+# or None, whether a dropit ReLU ran on the producer's output).
 _RECIPE = "_dropit_recompute"
 
 
@@ -47,17 +47,18 @@ def kept_by_attention(input: torch.Tensor) -> bool:
 
 
 def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch.Tensor,
-                      runs_layer: bool = False, batch_norm: Optional[tuple] = None,
+                      runs_layer: bool = False, native: Optional[tuple] = None,
                       relu: bool = False):
     """Marks ``output`` as ``recompute(*sources)``: the sources are tensors autograd keeps anyway
     (the producer's input, parameters); ``runs_layer``: recompute runs a layer's forward again.
-    ``batch_norm``: where ``output`` is a training BatchNorm's (then a ReLU's, ``relu``), the
-    BatchNorm's input, weight, bias and the batch's mean and inverse standard deviation, from which
-    a 2-D convolution recomputes it in C++ (``conv2d_after_batch_norm``)."""
+    ``native``: the same recomputation as the LibTorch adapters' C++ one takes it (the fields of
+    ``_C.ProducerArguments`` but the last: kind, sources, normalized_shape, eps, approximate), so
+    that a linear layer or 2-D convolution reading ``output`` recomputes it in C++; ``relu``: a
+    dropit ReLU ran on the producer's output."""
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         versions = tuple(source._version for source in sources)
         setattr(output, _RECIPE,
-                (output._version, versions, recompute, sources, runs_layer, batch_norm, relu))
+                (output._version, versions, recompute, sources, runs_layer, native, relu))
     return output
 
 
@@ -79,12 +80,21 @@ def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     return recompute, sources, runs_layer
 
 
-def batch_norm_of(input: torch.Tensor) -> Optional[Tuple[tuple, bool]]:
-    """(the BatchNorm tensors, whether a ReLU followed) of an untouched output marked with them,
-    else None."""
+def native_of(input: torch.Tensor) -> Tuple[Optional[tuple], bool]:
+    """(its C++ recomputation's arguments, whether a ReLU ran) of an untouched marked output, else
+    (None, False)."""
     if marked(input) is None:
-        return None
+        return None, False
     return input.__dict__[_RECIPE][5:]
+
+
+def _native_layer(input, weight, bias, convolution) -> Optional[torch.Tensor]:
+    """The layer in C++ on an input marked with its native recomputation, else None."""
+    native, relu = native_of(input)
+    if native is None:
+        return None
+    return _C.layer_after_producer(input, weight, bias, convolution,
+                                   _C.ProducerArguments(*native, relu))
 
 
 def recipe_of(input: torch.Tensor,
@@ -196,6 +206,10 @@ def linear_reusing_input(input: torch.Tensor, weight: torch.Tensor, bias: Option
         return F.linear(input, weight, bias)
     if not carries_recipe(input):
         return None
+    if not through_layers:
+        output = _native_layer(input, weight, bias, None)
+        if output is not None:
+            return output
     return _layer_on_recomputed_input(
         input, through_layers,
         lambda recompute, sources: RecomputedInputLinear.apply(input, weight, bias, recompute,
@@ -245,10 +259,9 @@ def convolution_recomputing_input(input: torch.Tensor, weight: torch.Tensor,
     if torch.compiler.is_compiling() or not carries_recipe(input):
         return None
     if not through_layers and len(stride) == 2:
-        batch_norm, relu = batch_norm_of(input) or (None, False)
-        if batch_norm is not None:  # a ResNet's BatchNorm -> ReLU -> conv: all of it in C++
-            return _C.conv2d_after_batch_norm(input, weight, bias, stride, padding, dilation,
-                                              groups, batch_norm, relu)
+        output = _native_layer(input, weight, bias, [*stride, *padding, *dilation, groups])
+        if output is not None:
+            return output
     arguments = (list(stride), list(padding), list(dilation), groups)
     return _layer_on_recomputed_input(
         input, through_layers,

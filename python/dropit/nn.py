@@ -502,7 +502,11 @@ class _Producer:
         output = super().forward(input)
         if output is input:  # in place: nothing left to recompute from
             return output
-        return _reuse.mark_recomputable(output, self._recompute, input)
+        return _reuse.mark_recomputable(output, self._recompute, input, native=self._native(input))
+
+    def _native(self, input: torch.Tensor) -> Optional[tuple]:
+        """The same recomputation as the C++ one takes it (``_reuse.mark_recomputable``)."""
+        return None
 
 
 class LayerNorm(_Producer, nn.LayerNorm):
@@ -510,6 +514,10 @@ class LayerNorm(_Producer, nn.LayerNorm):
 
     def _recompute(self, input: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
+
+    def _native(self, input: torch.Tensor) -> Optional[tuple]:
+        return ("layer_norm", (input, self.weight, self.bias), list(self.normalized_shape),
+                self.eps, "none")
 
 
 class BatchNorm2d(_Producer, nn.BatchNorm2d):
@@ -535,7 +543,8 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
         if statistics is not None:
             return _reuse.mark_recomputable(
                 output, self._normalise, input, *statistics,
-                batch_norm=(input, self.weight, self.bias, *statistics))
+                native=("batch_norm", (input, self.weight, self.bias, *statistics), [], 0.0,
+                        "none"))
         recompute = functools.partial(self._recompute, batch_statistics)
         return _reuse.mark_recomputable(output, recompute, input)
 
@@ -601,12 +610,18 @@ class GELU(_Producer, nn.GELU):
     def _recompute(self, input: torch.Tensor) -> torch.Tensor:
         return F.gelu(input, approximate=self.approximate)
 
+    def _native(self, input: torch.Tensor) -> Optional[tuple]:
+        return "gelu", (input,), [], 0.0, self.approximate
+
 
 class SiLU(_Producer, nn.SiLU):
     """``torch.nn.SiLU`` whose output a dropit linear layer recomputes instead of caching."""
 
     def _recompute(self, input: torch.Tensor) -> torch.Tensor:
         return F.silu(input)
+
+    def _native(self, input: torch.Tensor) -> Optional[tuple]:
+        return "silu", (input,), [], 0.0, "none"
 
 
 class ReLU(nn.ReLU):
@@ -629,10 +644,10 @@ class ReLU(nn.ReLU):
         if found is None:
             return output
         recompute, sources, runs_layer = found
-        batch_norm, relu = _reuse.batch_norm_of(input)
+        native, relu = _reuse.native_of(input)
         return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources,
-                                        runs_layer=runs_layer,
-                                        batch_norm=None if relu else batch_norm, relu=True)
+                                        runs_layer=runs_layer, native=None if relu else native,
+                                        relu=True)
 
 
 def _relu_of(recompute, *sources) -> torch.Tensor:

@@ -150,20 +150,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
       py::arg("dilation"), py::arg("groups"), py::arg("policy"), py::arg("call_key") = py::none(),
       py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.conv2d with `policy`.");
-  m.def(
-      "conv2d_after_batch_norm",
-      [](const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
-         const std::vector<std::int64_t>& stride, const std::vector<std::int64_t>& padding,
-         const std::vector<std::int64_t>& dilation, std::int64_t groups,
-         const std::vector<std::optional<at::Tensor>>& batch_norm, bool relu) {
-        return dropit_python::call_conv2d_after_batch_norm(input, weight, bias, stride, padding,
-                                                           dilation, groups, batch_norm, relu);
-      },
-      py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("stride"), py::arg("padding"),
-      py::arg("dilation"), py::arg("groups"), py::arg("batch_norm"), py::arg("relu"),
-      py::call_guard<py::gil_scoped_release>(),
-      "A 2-D convolution recomputing its input from BatchNorm's (batch_norm: its input, weight, "
-      "bias, the batch's mean and inverse standard deviation), through a ReLU where `relu`.");
+  py::class_<dropit_python::producer_arguments>(m, "ProducerArguments")
+      .def(py::init([](std::string kind, std::vector<std::optional<at::Tensor>> sources,
+                       std::vector<std::int64_t> normalized_shape, double eps,
+                       std::string approximate, bool relu) {
+             return dropit_python::producer_arguments{std::move(kind),
+                                                      std::move(sources),
+                                                      std::move(normalized_shape),
+                                                      eps,
+                                                      std::move(approximate),
+                                                      relu};
+           }),
+           py::arg("kind"), py::arg("sources"), py::arg("normalized_shape"), py::arg("eps"),
+           py::arg("approximate"), py::arg("relu"),
+           "What a producer's output is recomputed from in C++ (layer_after_producer).");
+  m.def("layer_after_producer", &dropit_python::call_layer_after_producer, py::arg("input"),
+        py::arg("weight"), py::arg("bias"), py::arg("convolution"), py::arg("producer"),
+        py::call_guard<py::gil_scoped_release>(),
+        "A linear layer, or a 2-D convolution (convolution: stride, padding, dilation, groups), on "
+        "a producer's output, recomputing it in backward from `producer` in C++.");
   m.def("relu", &dropit_python::call_relu, py::arg("input"),
         py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.relu.");
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "policy_arguments.hpp"
@@ -24,16 +25,27 @@ at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
                        const operator_policy& policy, const std::optional<at::Tensor>& call_key);
 at::Tensor call_relu(const at::Tensor& input);
 
-/// A zero-padded 2-D convolution whose input is BatchNorm's output (after a dropit ReLU where
-/// `relu`), recomputed in backward from `batch_norm`: BatchNorm's input, weight, bias (either may
-/// be undefined), and the batch's mean and inverse standard deviation its kernel saved. The
-/// LibTorch adapters' function (include/dropit/torch/recompute.hpp): the Python layers' common
-/// recomputation, without a Python autograd function or Python calls in backward.
-at::Tensor call_conv2d_after_batch_norm(const at::Tensor& input, const at::Tensor& weight,
-                                        const std::optional<at::Tensor>& bias,
-                                        at::IntArrayRef stride, at::IntArrayRef padding,
-                                        at::IntArrayRef dilation, std::int64_t groups,
-                                        const std::vector<std::optional<at::Tensor>>& batch_norm,
-                                        bool relu);
+/// What a producer's output is recomputed from in C++ (include/dropit/torch/recompute.hpp's
+/// producer_recipe): `kind` "batch_norm" (sources: its input, weight, bias, and the batch's mean
+/// and inverse standard deviation its kernel saved), "layer_norm" (input, weight, bias;
+/// `normalized_shape`, `eps`), "gelu" (input; `approximate`) or "silu" (input); `relu`: a dropit
+/// ReLU ran on the producer's output. Weight or bias may be None.
+struct producer_arguments {
+  std::string kind;
+  std::vector<std::optional<at::Tensor>> sources;
+  std::vector<std::int64_t> normalized_shape;
+  double eps = 0.0;
+  std::string approximate = "none";
+  bool relu = false;
+};
+
+/// A linear layer, or where `convolution` is given (stride, padding, dilation, each of 2, and
+/// groups) a zero-padded 2-D convolution, on a producer's output, recomputed in backward from
+/// `producer`: the LibTorch adapters' functions, without a Python autograd function or Python
+/// calls in backward.
+at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias,
+                                     const std::optional<std::vector<std::int64_t>>& convolution,
+                                     const producer_arguments& producer);
 
 }  // namespace dropit_python

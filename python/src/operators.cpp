@@ -16,6 +16,7 @@
 
 #include <dropit/torch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -375,35 +376,50 @@ at::Tensor call_conv2d(const at::Tensor& input, const at::Tensor& weight,
                                 p.call, p.rescale, call_key);
 }
 
-at::Tensor call_conv2d_after_batch_norm(const at::Tensor& input, const at::Tensor& weight,
-                                        const std::optional<at::Tensor>& bias,
-                                        at::IntArrayRef stride, at::IntArrayRef padding,
-                                        at::IntArrayRef dilation, std::int64_t groups,
-                                        const std::vector<std::optional<at::Tensor>>& batch_norm,
-                                        bool relu) {
-  dropit::detail::expect(batch_norm.size() == 5, "conv2d_after_batch_norm: ", batch_norm.size(),
-                         " BatchNorm tensors; expected its input, weight, bias, the batch's mean "
-                         "and inverse standard deviation");
-  dropit::detail::expect(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
-                         "conv2d_after_batch_norm: stride, padding and dilation of ", stride.size(),
-                         ", ", padding.size(), " and ", dilation.size(),
-                         " values; expected 2 each");
+at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& weight,
+                                     const std::optional<at::Tensor>& bias,
+                                     const std::optional<std::vector<std::int64_t>>& convolution,
+                                     const producer_arguments& producer) {
+  using kind = dt::detail::producer_recipe::kind;
+  const std::vector<std::pair<std::string, std::pair<kind, std::size_t>>> kinds{
+      {"batch_norm", {kind::batch_norm, 5}},
+      {"layer_norm", {kind::layer_norm, 3}},
+      {"gelu", {kind::gelu, 1}},
+      {"silu", {kind::silu, 1}}};
+  const auto found = std::find_if(kinds.begin(), kinds.end(),
+                                  [&](const auto& k) { return k.first == producer.kind; });
+  dropit::detail::expect(found != kinds.end(), "layer_after_producer: producer '", producer.kind,
+                         "'; expected batch_norm, layer_norm, gelu or silu");
+  dropit::detail::expect(producer.sources.size() == found->second.second,
+                         "layer_after_producer: ", producer.sources.size(), " sources of a ",
+                         producer.kind, "; expected ", found->second.second);
   dt::detail::recomputable_input recomputable;
-  recomputable.recipe.what = dt::detail::producer_recipe::kind::batch_norm;
-  recomputable.recipe.batch_statistics = true;
-  recomputable.recipe.relu = relu;
-  for (const auto& tensor : batch_norm)
-    recomputable.sources.push_back(tensor.value_or(at::Tensor()));
+  dt::detail::producer_recipe& recipe = recomputable.recipe;
+  recipe.what = found->second.first;
+  recipe.batch_statistics = true;  // batch_norm: from the batch's statistics, the sources' last two
+  recipe.normalized_shape = producer.normalized_shape;
+  recipe.eps = producer.eps;
+  recipe.approximate = producer.approximate;
+  recipe.relu = producer.relu;
+  for (const auto& source : producer.sources)
+    recomputable.sources.push_back(source.value_or(at::Tensor()));
+  const at::Tensor bias_argument =
+      dt::compat::optional_argument(bias.value_or(at::Tensor()), weight);
+  if (!convolution)
+    return dt::RecomputedInputLinearFunction::apply(input, weight, bias_argument, recomputable);
+  const std::vector<std::int64_t>& c = *convolution;
+  dropit::detail::expect(c.size() == 7, "layer_after_producer: ", c.size(),
+                         " convolution arguments; expected stride, padding and dilation (2 each) "
+                         "and groups");
   dropit::conv2d_params params;
-  params.groups = groups;
   for (std::size_t i = 0; i < 2; ++i) {
-    params.stride[i] = stride[i];
-    params.padding[i] = padding[i];
-    params.dilation[i] = dilation[i];
+    params.stride[i] = c[i];
+    params.padding[i] = c[2 + i];
+    params.dilation[i] = c[4 + i];
   }
-  const at::Tensor defined_bias = bias.value_or(at::Tensor());
-  return dt::RecomputedInputConv2dFunction::apply(
-      input, weight, dt::compat::optional_argument(defined_bias, weight), params, recomputable);
+  params.groups = c[6];
+  return dt::RecomputedInputConv2dFunction::apply(input, weight, bias_argument, params,
+                                                  recomputable);
 }
 
 at::Tensor call_relu(const at::Tensor& input) {

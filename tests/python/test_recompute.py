@@ -173,13 +173,22 @@ def test_convolutions_after_batch_norm_and_relu_recompute_their_inputs(memory_fo
         assert torch.equal(a, b), name  # running statistics move as torch's do
 
 
-def test_a_convolution_after_batch_norm_recomputes_in_cpp_unless_through_layers():
+def test_layers_on_producer_outputs_recompute_in_cpp_unless_through_layers():
+    # The LibTorch adapters' C++ functions; through layers, the Python ones (which chain layers).
     x = torch.randn(4, 3, 12, 12)
     for through_layers, node in ((False, "RecomputedInputConv2dFunction"),
                                  (True, "RecomputedInputConvolutionBackward")):
         model = conv_stack()
         dropit.convert(model, gamma=0.9, recompute_layers=through_layers, example_input=x)
         assert node in model[:4](x).grad_fn.name()  # conv, BatchNorm, ReLU, conv
+    rows = torch.randn(8, 64)
+    for through_layers, node in ((False, "RecomputedInputLinearFunction"),
+                                 (True, "RecomputedInputLinearBackward")):
+        model = Stack()
+        dropit.convert(model, gamma=0.9, recompute_layers=through_layers)
+        after_norm = model.b(model.norm(model.a(rows)))
+        after_gelu = model.c(model.act(after_norm))
+        assert node in after_norm.grad_fn.name() and node in after_gelu.grad_fn.name()
 
 
 def test_recomputation_after_a_batch_norm_in_training_does_not_run_batch_norm_again(monkeypatch):
