@@ -404,16 +404,24 @@ inline unsigned grid_for_tiles(std::int64_t n, std::int64_t tile_items) {
   return grid_for((n + tile_items - 1) / tile_items, block_threads / 32);
 }
 
+/// `launch(width)` with width::value the elements a thread loads at once: a 16-byte vector's where
+/// every pointer allows it, else one.
+template <class T, class Launch>
+void with_vector_width(std::initializer_list<const void*> pointers, Launch&& launch) {
+  if (vector_aligned(pointers))
+    launch(std::integral_constant<int, vector_items<T>>{});
+  else
+    launch(std::integral_constant<int, 1>{});
+}
+
 template <storage_type T>
 void pack_relu_mask(cudaStream_t stream, const T* x, T* y, std::int64_t n, std::uint32_t* words) {
   if (n == 0) return;
-  constexpr int V = vector_items<T>;
-  if (vector_aligned({x, y}))
+  with_vector_width<T>({x, y}, [&](auto width) {
+    constexpr int V = decltype(width)::value;
     pack_relu_mask_kernel<T, V>
         <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(x, y, n, words);
-  else
-    pack_relu_mask_kernel<T, 1>
-        <<<grid_for_tiles(n, 32), block_threads, 0, stream>>>(x, y, n, words);
+  });
   check_launch("dropit pack_relu_mask_kernel");
 }
 
@@ -421,13 +429,11 @@ template <storage_type T>
 void apply_relu_mask(cudaStream_t stream, const std::uint32_t* words, const T* dy, T* dx,
                      std::int64_t n) {
   if (n == 0) return;
-  constexpr int V = vector_items<T>;
-  if (vector_aligned({dy, dx}))
+  with_vector_width<T>({dy, dx}, [&](auto width) {
+    constexpr int V = decltype(width)::value;
     apply_relu_mask_kernel<T, V>
         <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(words, dy, dx, n);
-  else
-    apply_relu_mask_kernel<T, 1>
-        <<<grid_for_tiles(n, 32), block_threads, 0, stream>>>(words, dy, dx, n);
+  });
   check_launch("dropit apply_relu_mask_kernel");
 }
 
