@@ -80,17 +80,17 @@ def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     return recompute, sources, runs_layer
 
 
-def native_of(input: torch.Tensor) -> Tuple[Optional[tuple], bool]:
-    """(its C++ recomputation's arguments, whether a ReLU ran) of an untouched marked output, else
-    (None, False)."""
-    if marked(input) is None:
-        return None, False
+def native_of_marked(input: torch.Tensor) -> Tuple[Optional[tuple], bool]:
+    """(its C++ recomputation's arguments or None, whether a ReLU ran) of an output ``marked``
+    accepts."""
     return input.__dict__[_RECIPE][5:]
 
 
 def _native_layer(input, weight, bias, convolution) -> Optional[torch.Tensor]:
     """The layer in C++ on an input marked with its native recomputation, else None."""
-    native, relu = native_of(input)
+    if marked(input) is None:
+        return None
+    native, relu = native_of_marked(input)
     if native is None:
         return None
     return _C.layer_after_producer(input, weight, bias, convolution,

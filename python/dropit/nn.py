@@ -551,24 +551,9 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
     def _normalise(self, input: torch.Tensor, mean: torch.Tensor,
                    invstd: torch.Tensor) -> torch.Tensor:
         """The forward's output again from the batch's statistics, in one pass without a reduction
-        over the batch: torch's native kernel in eval mode (vectorised per channel, where a
-        broadcasting addcmul on NCHW is not). With float statistics, the batch's mean as the
-        running mean, 1/invstd² as the running variance and eps 0 (the kernel takes
-        1/sqrt(1/invstd²) for invstd: within rounding), two operations, since this runs in every
-        recomputing layer's backward, where its host time counts. With 16-bit ones (a 16-bit
-        module), y = x·α + β per channel with α = invstd·weight and β = bias − mean·α in float32,
-        as the forward's kernel computes them (mean 0, variance 1)."""
-        if invstd.dtype in (torch.float32, torch.float64):
-            return torch.native_batch_norm(input, self.weight, self.bias, mean, invstd.pow(-2),
-                                           False, 0.0, 0.0)[0]
-        alpha = invstd.float()
-        if self.weight is not None:
-            alpha = alpha * self.weight.float()
-        beta = -mean.float() * alpha
-        if self.bias is not None:
-            beta = beta + self.bias.float()
-        return torch.native_batch_norm(input, alpha, beta, torch.zeros_like(alpha),
-                                       torch.ones_like(alpha), False, 0.0, 0.0)[0]
+        over the batch: the LibTorch adapters' recomputation, which the layers reading this output
+        run in C++ too."""
+        return _C.batch_norm_from_statistics(input, self.weight, self.bias, mean, invstd)
 
     def _recompute(self, batch_statistics: bool, input: torch.Tensor) -> torch.Tensor:
         if batch_statistics:
@@ -644,7 +629,7 @@ class ReLU(nn.ReLU):
         if found is None:
             return output
         recompute, sources, runs_layer = found
-        native, relu = _reuse.native_of(input)
+        native, relu = _reuse.native_of_marked(input)
         return _reuse.mark_recomputable(output, functools.partial(_relu_of, recompute), *sources,
                                         runs_layer=runs_layer, native=None if relu else native,
                                         relu=True)

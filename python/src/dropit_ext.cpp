@@ -169,6 +169,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::call_guard<py::gil_scoped_release>(),
         "A linear layer, or a 2-D convolution (convolution: stride, padding, dilation, groups), on "
         "a producer's output, recomputing it in backward from `producer` in C++.");
+  m.def("batch_norm_from_statistics", &dropit_python::batch_norm_from_statistics, py::arg("input"),
+        py::arg("weight"), py::arg("bias"), py::arg("mean"), py::arg("invstd"),
+        py::call_guard<py::gil_scoped_release>(),
+        "BatchNorm's output again from the batch's mean and inverse standard deviation, in one "
+        "pass (the LibTorch adapters' recomputation).");
   m.def("relu", &dropit_python::call_relu, py::arg("input"),
         py::call_guard<py::gil_scoped_release>(), "torch.ops.dropit.relu.");
 

@@ -48,4 +48,11 @@ at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& 
                                      const std::optional<std::vector<std::int64_t>>& convolution,
                                      const producer_arguments& producer);
 
+/// BatchNorm's output again from the batch's mean and inverse standard deviation its kernel saved,
+/// in one pass: the LibTorch adapters' recomputation (producer_recipe::normalise).
+at::Tensor batch_norm_from_statistics(const at::Tensor& input,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                      const at::Tensor& invstd);
+
 }  // namespace dropit_python

@@ -381,7 +381,8 @@ at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& 
                                      const std::optional<std::vector<std::int64_t>>& convolution,
                                      const producer_arguments& producer) {
   using kind = dt::detail::producer_recipe::kind;
-  const std::vector<std::pair<std::string, std::pair<kind, std::size_t>>> kinds{
+  // (name, recipe kind, sources): built once, not on every layer call.
+  static const std::vector<std::pair<std::string, std::pair<kind, std::size_t>>> kinds{
       {"batch_norm", {kind::batch_norm, 5}},
       {"layer_norm", {kind::layer_norm, 3}},
       {"gelu", {kind::gelu, 1}},
@@ -420,6 +421,14 @@ at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& 
   params.groups = c[6];
   return dt::RecomputedInputConv2dFunction::apply(input, weight, bias_argument, params,
                                                   recomputable);
+}
+
+at::Tensor batch_norm_from_statistics(const at::Tensor& input,
+                                      const std::optional<at::Tensor>& weight,
+                                      const std::optional<at::Tensor>& bias, const at::Tensor& mean,
+                                      const at::Tensor& invstd) {
+  return dt::detail::producer_recipe::normalise(input, weight.value_or(at::Tensor()),
+                                                bias.value_or(at::Tensor()), mean, invstd);
 }
 
 at::Tensor call_relu(const at::Tensor& input) {
