@@ -131,11 +131,22 @@ struct producer_recipe {
   /// channel; an addcmul broadcasting α and β is slower on NCHW). α and β in at least float32, as
   /// the forward's kernel computes them for a 16-bit input. That kernel rounds in its own order
   /// (on CUDA it computes (x − mean)·invstd·w + b), so y agrees with the forward's within rounding:
-  /// on the CPU, in the last bit.
+  /// on the CPU, in the last bit. On CUDA, with statistics in the input's accumulation type (as
+  /// torch's and cuDNN's kernels save them), torch's own elementwise kernel of the training forward
+  /// reads the mean and invstd as they are: one launch where the pass above takes eight.
   static at::Tensor normalise(const at::Tensor& input, const at::Tensor& weight,
                               const at::Tensor& bias, const at::Tensor& mean,
                               const at::Tensor& invstd) {
     const at::ScalarType type = at::promote_types(invstd.scalar_type(), at::kFloat);
+    const at::ScalarType accumulation = at::promote_types(input.scalar_type(), at::kFloat);
+    const auto parameter_type_fits = [&](const at::Tensor& parameter) {
+      return !parameter.defined() || parameter.scalar_type() == input.scalar_type() ||
+             parameter.scalar_type() == accumulation;
+    };
+    if (input.is_cuda() && mean.scalar_type() == accumulation &&
+        invstd.scalar_type() == accumulation && parameter_type_fits(weight) &&
+        parameter_type_fits(bias))
+      return at::batch_norm_elemt(input, weight, bias, mean, invstd, /*eps=*/0.0);
     at::Tensor alpha = invstd.to(type);
     if (weight.defined()) alpha = alpha * weight.to(type);
     at::Tensor beta = -mean.to(type) * alpha;
