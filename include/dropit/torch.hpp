@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "dropit.hpp"
+#include "torch/attention.hpp"
 #include "torch/checkpoint.hpp"
 #include "torch/compat.hpp"
 #include "torch/convert.hpp"

@@ -549,3 +549,189 @@ TEST_CASE("torch: convert reports a producer it cannot swap, and why the next Li
                   ConvertOptions().skip_first(false).dropit(DropitOptions().recompute(false)));
   CHECK(off.skipped.empty());  // recompute off: the LayerNorm is no candidate
 }
+
+namespace {
+
+/// q, k and v as a transformer's fused projection gives them: views [B, heads, T, head_dim] of one
+/// tensor [B, T, 3·heads·head_dim] computed from `x` (so that a forward allocates it).
+struct attention_operands {
+  at::Tensor q, k, v;
+};
+
+attention_operands split_heads(const at::Tensor& projected, std::int64_t heads) {
+  const std::int64_t batch = projected.size(0), tokens = projected.size(1);
+  const std::int64_t head_dim = projected.size(2) / (3 * heads);
+  const at::Tensor parts =
+      projected.reshape({batch, tokens, 3, heads, head_dim}).permute({2, 0, 3, 1, 4});
+  return {parts[0], parts[1], parts[2]};
+}
+
+/// A self-attention block: the fused projection, then `attention` on its heads.
+nn::Sequential make_attention_block(bool recompute, std::int64_t dim = 32) {
+  ::torch::manual_seed(3);
+  return nn::Sequential(nn::Linear(dim, 3 * dim),
+                        dt::SoftmaxAttention(dt::SoftmaxAttentionOptions().recompute(recompute)));
+}
+
+at::Tensor attention_block_forward(nn::Sequential& block, const at::Tensor& x,
+                                   std::int64_t heads = 4) {
+  const attention_operands o = split_heads(block[0]->as<nn::Linear>()->forward(x), heads);
+  return block[1]->as<dt::SoftmaxAttention>()->forward(o.q, o.k, o.v);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "torch: SoftmaxAttention recomputes its probabilities: torch's results, holding q, k, v") {
+  constexpr std::int64_t batch = 8, tokens = 33, dim = 32, heads = 4;
+  nn::Sequential dense = make_attention_block(false), recomputing = make_attention_block(true);
+  const at::Tensor x = ::torch::randn({batch, tokens, dim});
+
+  // The same kernels on the same operands, the probabilities included: the output bit for bit,
+  // and the gradients of the input and the projection's parameters with them.
+  const auto forward_of = [&](nn::Sequential& block) {
+    return [&](const at::Tensor& input) { return attention_block_forward(block, input); };
+  };
+  {
+    const at::NoGradGuard no_grad;
+    CHECK(same_values(attention_block_forward(recomputing, x), attention_block_forward(dense, x)));
+  }
+  check_equal(gradients(*recomputing, x, forward_of(recomputing)),
+              gradients(*dense, x, forward_of(dense)));
+
+  // Held after forward: the projection's output (q, k, v are views of it) and its input; dense
+  // also holds the probabilities, [batch, heads, tokens, tokens], and its copies of q, k and v.
+  const auto held = [&](nn::Sequential& block) {
+    const at::Tensor input = x.detach().requires_grad_(true);
+    dt::MemoryMeter meter;
+    const std::int64_t base = meter.current();
+    const at::Tensor y = attention_block_forward(block, input);
+    return meter.current() - base - static_cast<std::int64_t>(y.nbytes());
+  };
+  const std::int64_t projected_bytes = 4 * batch * tokens * 3 * dim;
+  const std::int64_t probability_bytes = 4 * batch * heads * tokens * tokens;
+  const std::int64_t dense_held = held(dense), recomputing_held = held(recomputing);
+  MESSAGE("held after forward: dense ", dense_held, " B, recomputing ", recomputing_held, " B");
+  CHECK(recomputing_held >= projected_bytes);
+  CHECK(recomputing_held <= projected_bytes + 4096);
+  CHECK(dense_held - recomputing_held >= probability_bytes);
+
+  // Without gradients, or under autocast, it is torch's operations.
+  const at::Tensor q = ::torch::randn({2, 5, 8}), k = ::torch::randn({2, 7, 8}),
+                   v = ::torch::randn({2, 7, 3});
+  const at::Tensor plain =
+      at::matmul((at::matmul(q, k.transpose(-2, -1)) / std::sqrt(8.0)).softmax(-1), v);
+  CHECK(same_values(dt::softmax_attention(q, k, v), plain));
+  {
+    const cpu_autocast_bfloat16 autocast;
+    const at::Tensor qg = q.detach().requires_grad_(true);
+    const at::Tensor got = dt::softmax_attention(qg, k, v);
+    const at::Tensor want =
+        at::matmul((at::matmul(qg, k.transpose(-2, -1)) / std::sqrt(8.0)).softmax(-1), v);
+    CHECK(same_values(got, want));
+  }
+}
+
+TEST_CASE("torch: softmax_attention rejects operands that do not fit, naming their sizes") {
+  const at::Tensor q = ::torch::randn({2, 5, 8}), k = ::torch::randn({2, 7, 8}),
+                   v = ::torch::randn({2, 7, 3});
+  CHECK_DROPIT_ERROR(dt::softmax_attention(::torch::randn({8}), k, v), "q has 1 dimension",
+                     "at least 2");
+  CHECK_DROPIT_ERROR(dt::softmax_attention(q, ::torch::randn({2, 7, 6}), v), "q has 8 features",
+                     "k 6");
+  CHECK_DROPIT_ERROR(dt::softmax_attention(q, k, ::torch::randn({2, 6, 3})), "k has 7 tokens",
+                     "v 6");
+  CHECK_DROPIT_ERROR(dt::softmax_attention(q, ::torch::randn({3, 7, 8}), v), "axis 0",
+                     "2 (q), 3 (k)");
+  CHECK_DROPIT_ERROR(dt::softmax_attention(q, k.unsqueeze(0), v), "3, 4 and 3 dimensions");
+  CHECK_DROPIT_ERROR(dt::softmax_attention(q, k.to(at::kDouble), v), "Float, Double", "one dtype");
+  CHECK_DROPIT_ERROR(dt::SoftmaxAttention(dt::SoftmaxAttentionOptions().recompute(false))
+                         ->forward(q, ::torch::randn({2, 7, 6}), v),
+                     "q has 8 features");
+}
+
+TEST_CASE("torch: convert makes a SoftmaxAttention in a Sequential recompute, and reports it") {
+  nn::Sequential model = make_attention_block(false);
+  const dt::ConvertReport report = dt::convert(model, ConvertOptions().skip_first(false));
+  CHECK(report.converted == std::vector<std::string>{"0"});
+  CHECK(report.attention == std::vector<std::string>{"1"});
+  CHECK(model[1]->as<dt::SoftmaxAttention>()->options.recompute());
+  std::ostringstream printed;
+  printed << report;
+  CHECK(printed.str().find("~ 1: attention, its probabilities recomputed") != std::string::npos);
+
+  nn::Sequential excluded = make_attention_block(false);
+  const dt::ConvertReport left = dt::convert(excluded, ConvertOptions().exclude("^1$"));
+  CHECK(left.attention.empty());
+  CHECK(!excluded[1]->as<dt::SoftmaxAttention>()->options.recompute());
+  nn::Sequential off = make_attention_block(false);
+  CHECK(dt::convert(off, ConvertOptions().dropit(DropitOptions().recompute(false)))
+            .attention.empty());
+  CHECK(!off[1]->as<dt::SoftmaxAttention>()->options.recompute());
+}
+
+namespace {
+
+constexpr std::int64_t attention_dim = 32, attention_heads = 4;
+
+/// LayerNorm -> the fused q, k, v projection -> SoftmaxAttention, as a transformer block begins.
+nn::Sequential make_normed_attention() {
+  ::torch::manual_seed(5);
+  return nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({attention_dim})),
+                        nn::Linear(attention_dim, 3 * attention_dim),
+                        dt::SoftmaxAttention(dt::SoftmaxAttentionOptions().recompute(false)));
+}
+
+/// Its forward, through the Sequential's slots (whatever convert put there).
+at::Tensor normed_attention_forward(nn::Sequential& block, const at::Tensor& x) {
+  const auto slot = [&](std::ptrdiff_t i) -> nn::AnyModule& { return *(block->begin() + i); };
+  const at::Tensor normed = slot(0).forward<at::Tensor>(x);
+  const at::Tensor projected = slot(1).forward<at::Tensor>(normed);
+  const attention_operands o = split_heads(projected, attention_heads);
+  return slot(2).forward<at::Tensor>(o.q, o.k, o.v);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "torch: recompute_layers: SoftmaxAttention after LayerNorm -> projection keeps no q, k, v") {
+  constexpr std::int64_t batch = 4, tokens = 9;
+  nn::Sequential dense = make_normed_attention(), converted = make_normed_attention(),
+                 through = make_normed_attention();
+  dt::convert(converted, ConvertOptions().skip_first(false));
+  const dt::ConvertReport report = dt::convert(
+      through, ConvertOptions().skip_first(false).dropit(DropitOptions().recompute_layers(true)));
+  CHECK(report.attention == std::vector<std::string>{"2"});
+  CHECK(through[2]->as<dt::SoftmaxAttention>()->recompute_layers);
+  const auto forward_of = [](nn::Sequential& block) {
+    return [&](const at::Tensor& x) { return normed_attention_forward(block, x); };
+  };
+
+  const at::Tensor x = ::torch::randn({batch, tokens, attention_dim});
+  const auto held = [&](nn::Sequential& block) {
+    const at::Tensor input = x.detach().requires_grad_(true);
+    dt::MemoryMeter meter;
+    const std::int64_t base = meter.current();
+    const at::Tensor y = normed_attention_forward(block, input);
+    return meter.current() - base - static_cast<std::int64_t>(y.nbytes());
+  };
+  // Converted, the attention keeps the projection's output (q, k, v are views of it); recomputing
+  // through the projection, only LayerNorm's per-row statistics stay (its input is the caller's).
+  const std::int64_t projected_bytes = 4 * batch * tokens * 3 * attention_dim;
+  const std::int64_t statistics_bytes = 4 * batch * tokens * 2;
+  const std::int64_t converted_held = held(converted), through_held = held(through);
+  MESSAGE("held after forward: converted ", converted_held, " B, through the projection ",
+          through_held, " B");
+  CHECK(converted_held >= projected_bytes);
+  CHECK(through_held <= statistics_bytes + 4096);
+
+  // The projection runs once more in backward, on LayerNorm's output computed again (which the
+  // projection's own weight gradient takes too): the same kernels, gradients bit for bit.
+  std::vector<at::Tensor> got;
+  const int linears =
+      calls_while("aten::linear", [&] { got = gradients(*through, x, forward_of(through)); });
+  CHECK(linears == 2);
+  const std::vector<at::Tensor> want = gradients(*dense, x, forward_of(dense));
+  check_equal(got, want);
+  check_equal(gradients(*converted, x, forward_of(converted)), want);
+}

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "attention.hpp"
 #include "modules.hpp"
 
 namespace dropit::torch {
@@ -41,6 +42,9 @@ struct ConvertReport {
   /// Producers swapped for dropit's (DropitOptions::recompute): a dropit Linear or Conv2d reading
   /// their output, untouched, recomputes it in backward and caches nothing.
   std::vector<std::string> producers;
+  /// SoftmaxAttention modules made to recompute their probabilities in backward
+  /// (DropitOptions::recompute).
+  std::vector<std::string> attention;
   /// Qualified name and the reason it caches nothing: left as it was, or the first layer, which
   /// keeps its input (skip_first).
   std::vector<std::pair<std::string, std::string>> skipped;
@@ -50,6 +54,8 @@ struct ConvertReport {
     for (const auto& name : report.converted) out << "\n  + " << name;
     for (const auto& name : report.producers)
       out << "\n  ~ " << name << ": producer, its output recomputed by the dropit layer reading it";
+    for (const auto& name : report.attention)
+      out << "\n  ~ " << name << ": attention, its probabilities recomputed in backward";
     for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
     return out;
   }
@@ -74,8 +80,8 @@ inline void install(::torch::nn::SequentialImpl& container, std::size_t index,
   container.replace_module(name, module.ptr());
 }
 
-/// Turns DropitOptions::recompute_layers on or off in a module convert made (a dropit layer or
-/// producer; nothing else has it).
+/// Turns DropitOptions::recompute_layers on or off in a module convert made (a dropit layer,
+/// producer or attention; nothing else has it).
 inline void set_recompute_layers(::torch::nn::Module& module, bool on) {
   if (auto* linear = dynamic_cast<LinearImpl*>(&module)) linear->dropit.recompute_layers(on);
   if (auto* conv = dynamic_cast<Conv2dImpl*>(&module)) conv->dropit.recompute_layers(on);
@@ -83,6 +89,8 @@ inline void set_recompute_layers(::torch::nn::Module& module, bool on) {
   if (auto* norm = dynamic_cast<BatchNorm2dImpl*>(&module)) norm->recompute_layers = on;
   if (auto* gelu = dynamic_cast<GELUImpl*>(&module)) gelu->recompute_layers = on;
   if (auto* silu = dynamic_cast<SiLUImpl*>(&module)) silu->recompute_layers = on;
+  if (auto* attention = dynamic_cast<SoftmaxAttentionImpl*>(&module))
+    attention->recompute_layers = on;
 }
 
 class converter {
@@ -109,13 +117,17 @@ class converter {
           if (keeps_input(*replacement))
             report_.skipped.emplace_back(qualified, first_layer);
           else
-            (is_producer(*replacement) ? report_.producers : report_.converted)
-                .push_back(qualified);
+            report_list(*replacement).push_back(qualified);
         } else if (keeps_input(*replacement)) {
           report_.skipped.emplace_back(
               qualified, "first layer (skip_first), held by a C++ member of " + parent.name() +
                              ", which convert cannot rebind: torch's keeps its input, and no "
                              "producer after it can recompute through it");
+        } else if (dynamic_cast<SoftmaxAttentionImpl*>(replacement.get())) {
+          report_.skipped.emplace_back(
+              qualified, "a SoftmaxAttention held by a C++ member of " + parent.name() +
+                             ", which convert cannot rebind, so it keeps its probabilities; hold "
+                             "it in a torch::nn::Sequential or build it with recompute(true)");
         } else if (is_producer(*replacement)) {
           report_.skipped.emplace_back(
               qualified, "a producer held by a C++ member of " + parent.name() +
@@ -151,9 +163,12 @@ class converter {
     auto* batch_norm = dynamic_cast<::torch::nn::BatchNorm2dImpl*>(&child);
     auto* gelu = dynamic_cast<::torch::nn::GELUImpl*>(&child);
     auto* silu = dynamic_cast<::torch::nn::SiLUImpl*>(&child);
+    auto* attention = dynamic_cast<SoftmaxAttentionImpl*>(&child);
     const bool producer = options_.dropit().recompute() && (norm || batch_norm || gelu || silu);
-    if ((linear || conv || relu || producer) && !options_.exclude().empty() &&
-        std::regex_search(name, exclude_)) {
+    const bool keeps_probabilities =
+        options_.dropit().recompute() && attention && !attention->options.recompute();
+    if ((linear || conv || relu || producer || keeps_probabilities) &&
+        !options_.exclude().empty() && std::regex_search(name, exclude_)) {
       if (linear || conv) seen_first_ = true;
       report_.skipped.emplace_back(name, "matches exclude pattern");
       return nullptr;
@@ -182,6 +197,12 @@ class converter {
       replacement->train(relu->is_training());
       return replacement;
     }
+    if (keeps_probabilities) {
+      auto replacement = std::make_shared<SoftmaxAttentionImpl>(attention->options);
+      replacement->options.recompute(true);
+      replacement->train(attention->is_training());
+      return with_layers_recomputed(std::move(replacement));
+    }
     if (producer && norm) return with_layers_recomputed(std::make_shared<LayerNormImpl>(*norm));
     if (producer && batch_norm)
       return with_layers_recomputed(std::make_shared<BatchNorm2dImpl>(*batch_norm));
@@ -209,6 +230,11 @@ class converter {
     return false;
   }
 
+  std::vector<std::string>& report_list(::torch::nn::Module& m) {
+    if (dynamic_cast<SoftmaxAttentionImpl*>(&m)) return report_.attention;
+    return is_producer(m) ? report_.producers : report_.converted;
+  }
+
   static bool is_producer(::torch::nn::Module& m) {
     return dynamic_cast<LayerNormImpl*>(&m) || dynamic_cast<BatchNorm2dImpl*>(&m) ||
            dynamic_cast<GELUImpl*>(&m) || dynamic_cast<SiLUImpl*>(&m);
@@ -224,6 +250,8 @@ class converter {
       return ::torch::nn::AnyModule(norm);
     if (auto gelu = std::dynamic_pointer_cast<GELUImpl>(m)) return ::torch::nn::AnyModule(gelu);
     if (auto silu = std::dynamic_pointer_cast<SiLUImpl>(m)) return ::torch::nn::AnyModule(silu);
+    if (auto attention = std::dynamic_pointer_cast<SoftmaxAttentionImpl>(m))
+      return ::torch::nn::AnyModule(attention);
     return ::torch::nn::AnyModule(std::dynamic_pointer_cast<ReLUImpl>(m));
   }
 

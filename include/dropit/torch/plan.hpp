@@ -5,7 +5,8 @@
 ///
 ///   keep        the block as it is (dense);
 ///   convert     dropit's layers inside it (`convert`): exact recomputation of inputs that cheap
-///               producers can give again, a DropIT cache for the rest;
+///               producers can give again and of SoftmaxAttention's probabilities, a DropIT cache
+///               for the rest;
 ///   recompute   converted, and recomputing through layers (DropitOptions::recompute_layers): a
 ///               producer after a layer whose input is recomputed or is the model's own
 ///               (BatchNorm after a convolution after BatchNorm -> ReLU or after the first
@@ -112,7 +113,8 @@ struct MemoryPlan {
             << 1e3 * block.added_seconds[t] << " ms)" << std::setprecision(3);
       }
     }
-    if (!plan.converted.converted.empty() || !plan.converted.producers.empty())
+    if (!plan.converted.converted.empty() || !plan.converted.producers.empty() ||
+        !plan.converted.attention.empty())
       out << "\n" << plan.converted;
     out.flags(flags);
     return out;
@@ -510,6 +512,8 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
     if (converted_block(name)) plan.converted.converted.push_back(name);
   for (const auto& name : full.producers)
     if (converted_block(name)) plan.converted.producers.push_back(name);
+  for (const auto& name : full.attention)
+    if (converted_block(name)) plan.converted.attention.push_back(name);
   for (const auto& skipped : full.skipped)
     if (converted_block(skipped.first)) plan.converted.skipped.push_back(skipped);
 
