@@ -566,6 +566,17 @@ attention_operands split_heads(const at::Tensor& projected, std::int64_t heads) 
   return {parts[0], parts[1], parts[2]};
 }
 
+/// Bytes the graph of `forward` on a fresh leaf copy of `x` holds after forward (the output
+/// excluded).
+std::int64_t held_by_forward(const std::function<at::Tensor(const at::Tensor&)>& forward,
+                             const at::Tensor& x) {
+  const at::Tensor input = x.detach().requires_grad_(true);
+  dt::MemoryMeter meter;
+  const std::int64_t base = meter.current();
+  const at::Tensor y = forward(input);
+  return meter.current() - base - static_cast<std::int64_t>(y.nbytes());
+}
+
 /// A self-attention block: the fused projection, then `attention` on its heads.
 nn::Sequential make_attention_block(bool recompute, std::int64_t dim = 32) {
   ::torch::manual_seed(3);
@@ -601,13 +612,7 @@ TEST_CASE(
 
   // Held after forward: the projection's output (q, k, v are views of it) and its input; dense
   // also holds the probabilities, [batch, heads, tokens, tokens], and its copies of q, k and v.
-  const auto held = [&](nn::Sequential& block) {
-    const at::Tensor input = x.detach().requires_grad_(true);
-    dt::MemoryMeter meter;
-    const std::int64_t base = meter.current();
-    const at::Tensor y = attention_block_forward(block, input);
-    return meter.current() - base - static_cast<std::int64_t>(y.nbytes());
-  };
+  const auto held = [&](nn::Sequential& block) { return held_by_forward(forward_of(block), x); };
   const std::int64_t projected_bytes = 4 * batch * tokens * 3 * dim;
   const std::int64_t probability_bytes = 4 * batch * heads * tokens * tokens;
   const std::int64_t dense_held = held(dense), recomputing_held = held(recomputing);
@@ -708,13 +713,7 @@ TEST_CASE(
   };
 
   const at::Tensor x = ::torch::randn({batch, tokens, attention_dim});
-  const auto held = [&](nn::Sequential& block) {
-    const at::Tensor input = x.detach().requires_grad_(true);
-    dt::MemoryMeter meter;
-    const std::int64_t base = meter.current();
-    const at::Tensor y = normed_attention_forward(block, input);
-    return meter.current() - base - static_cast<std::int64_t>(y.nbytes());
-  };
+  const auto held = [&](nn::Sequential& block) { return held_by_forward(forward_of(block), x); };
   // Converted, the attention keeps the projection's output (q, k, v are views of it); recomputing
   // through the projection, only LayerNorm's per-row statistics stay (its input is the caller's).
   const std::int64_t projected_bytes = 4 * batch * tokens * 3 * attention_dim;
