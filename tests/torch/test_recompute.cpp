@@ -687,12 +687,13 @@ nn::Sequential make_normed_attention() {
                         dt::SoftmaxAttention(dt::SoftmaxAttentionOptions().recompute(false)));
 }
 
-/// Its forward, through the Sequential's slots (whatever convert put there).
+/// Its forward, through the Sequential's slots (whatever convert put there). As a transformer's
+/// attention module does, it keeps only the heads' views of the projection's output, not the
+/// output itself (a [B, T, 3D] view of the [B·T, 3D] product, gone before the attention runs).
 at::Tensor normed_attention_forward(nn::Sequential& block, const at::Tensor& x) {
   const auto slot = [&](std::ptrdiff_t i) -> nn::AnyModule& { return *(block->begin() + i); };
-  const at::Tensor normed = slot(0).forward<at::Tensor>(x);
-  const at::Tensor projected = slot(1).forward<at::Tensor>(normed);
-  const attention_operands o = split_heads(projected, attention_heads);
+  const attention_operands o =
+      split_heads(slot(1).forward<at::Tensor>(slot(0).forward<at::Tensor>(x)), attention_heads);
   return slot(2).forward<at::Tensor>(o.q, o.k, o.v);
 }
 

@@ -41,7 +41,7 @@ inline at::Tensor dense_softmax_attention(const at::Tensor& q, const at::Tensor&
 /// q, k and v as views of one layer output that `recipe` computes again.
 struct attention_through_layer {
   recomputable_input recipe;
-  at::Tensor base;  // the output q, k and v view
+  at::Tensor base;  // the tensor q, k and v view (the output, or all of what it views)
 };
 
 /// Checks q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]: the same leading axes, dtype and device.
@@ -111,7 +111,6 @@ struct SoftmaxAttentionFunction : public ::torch::autograd::Function<SoftmaxAtte
       ctx->save_for_backward(through_layer->recipe.sources);
       const at::Tensor& base = through_layer->base;
       ctx->saved_data["base_sizes"] = compat::static_sizes(base);
-      ctx->saved_data["base_strides"] = base.strides().vec();
       for (const auto& [name, view] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}}) {
         ctx->saved_data[std::string(name) + "_sizes"] = compat::static_sizes(view);
         ctx->saved_data[std::string(name) + "_strides"] = view.strides().vec();
@@ -130,15 +129,13 @@ struct SoftmaxAttentionFunction : public ::torch::autograd::Function<SoftmaxAtte
                                             const ::torch::autograd::variable_list& saved) {
     if (ctx->saved_data.find("base_sizes") == ctx->saved_data.end())
       return {saved[0], saved[1], saved[2]};
-    at::Tensor base;
+    at::Tensor output;
     {
       const at::NoGradGuard no_grad;
-      base = detail::producer_recipe::load(ctx).take_or_compute(saved);
+      output = detail::producer_recipe::load(ctx).take_or_compute(saved);
     }
-    const std::vector<std::int64_t> strides = ctx->saved_data["base_strides"].toIntVector();
-    if (base.strides().vec() != strides)  // the views' strides hold for the original layout
-      base = at::empty_strided(ctx->saved_data["base_sizes"].toIntVector(), strides, base.options())
-                 .copy_(base);
+    // The base is contiguous and the output all of it, in the same order (marked_output::root).
+    const at::Tensor base = output.contiguous().view(ctx->saved_data["base_sizes"].toIntVector());
     const auto view = [&](const std::string& name) {
       return base.as_strided(ctx->saved_data[name + "_sizes"].toIntVector(),
                              ctx->saved_data[name + "_strides"].toIntVector(),
@@ -175,14 +172,10 @@ struct SoftmaxAttentionFunction : public ::torch::autograd::Function<SoftmaxAtte
 
 namespace detail {
 
-/// The tensor a view is of (itself where it is none).
-inline at::Tensor root_of(const at::Tensor& t) { return t.is_view() ? at::Tensor(t._base()) : t; }
-
-/// The recipe of the marked output that q, k and v are views of, where `recompute_layers` is on
+/// The recipe of the layer output that q, k and v are views of, where `recompute_layers` is on
 /// and a layer computes that output again from a producer's sources (a fused q, k, v projection
-/// after LayerNorm): then the attention keeps none of q, k and v either. A layer's output may
-/// itself be a view ([B, T, n] of a [B·T, n] product): the output is the one covering the whole
-/// tensor q, k and v view.
+/// after LayerNorm): then the attention keeps none of q, k and v either. The output itself may be
+/// gone (a caller keeps only the views): the mark is found through the tensor the views share.
 inline std::optional<attention_through_layer> attention_base_through_layer(bool recompute_layers,
                                                                            const at::Tensor& q,
                                                                            const at::Tensor& k,
@@ -190,15 +183,9 @@ inline std::optional<attention_through_layer> attention_base_through_layer(bool 
   if (!recompute_layers || !q.is_view()) return std::nullopt;
   const at::Tensor root = root_of(q);
   if (!root_of(k).is_same(root) || !root_of(v).is_same(root)) return std::nullopt;
-  for (const marked_output& mark : marked_outputs()) {
-    const at::Tensor output(mark.output.lock());
-    if (!output.defined() || !root_of(output).is_same(root) || output.numel() != root.numel())
-      continue;
-    if (auto recomputable = input_through_layer(true, output))
-      return attention_through_layer{std::move(*recomputable), output};
-    return std::nullopt;
-  }
-  return std::nullopt;
+  auto recomputable = recipe_of_root(root, /*through_layers=*/true);
+  if (!recomputable || !recomputable->recipe.runs_layer()) return std::nullopt;
+  return attention_through_layer{std::move(*recomputable), root};
 }
 
 }  // namespace detail

@@ -251,6 +251,11 @@ using weak_tensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTenso
 
 struct marked_output {
   weak_tensor output{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+  /// The tensor the output is a view of, where both are contiguous and the output views all of it
+  /// (a layer's [B, T, n] output of a [B·T, n] product: the same elements in the same order), else
+  /// the output itself. Views a caller takes of the output (q, k and v of a projection) find the
+  /// mark through it after the output itself is gone.
+  weak_tensor root{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
   std::int64_t output_version = 0;
   producer_recipe recipe;
   std::vector<weak_tensor> sources;
@@ -258,7 +263,10 @@ struct marked_output {
   std::vector<std::int64_t> source_versions;
 };
 
-/// This thread's marks; entries whose output is gone are dropped at the next mark.
+/// The tensor `t` is a view of (itself where it is none).
+inline at::Tensor root_of(const at::Tensor& t) { return t.is_view() ? at::Tensor(t._base()) : t; }
+
+/// This thread's marks; entries whose output and root are gone are dropped at the next mark.
 inline std::vector<marked_output>& marked_outputs() {
   thread_local std::vector<marked_output> marks;
   return marks;
@@ -270,9 +278,13 @@ inline void mark_recomputable(const at::Tensor& output, producer_recipe recipe,
                               const std::vector<at::Tensor>& sources) {
   if (!at::GradMode::is_enabled()) return;
   auto& marks = marked_outputs();
-  std::erase_if(marks, [](const marked_output& m) { return m.output.expired(); });
+  std::erase_if(marks, [](const marked_output& m) { return m.root.expired(); });
   marked_output m;
   m.output = weak_tensor(output.getIntrusivePtr());
+  const at::Tensor root = root_of(output);
+  const bool whole_root =
+      root.numel() == output.numel() && root.is_contiguous() && output.is_contiguous();
+  m.root = weak_tensor((whole_root ? root : output).getIntrusivePtr());
   m.output_version = static_cast<std::int64_t>(output._version());
   m.recipe = std::move(recipe);
   for (const at::Tensor& source : sources) {
@@ -295,6 +307,26 @@ inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>&
   return output;
 }
 
+/// The recipe and sources of `mark`, unless `output` (the marked output, or a tensor sharing its
+/// version counter) or a source has changed since, or it is a layer's and `through_layers` is off.
+inline std::optional<recomputable_input> recipe_of_mark(const marked_output& mark,
+                                                        const at::Tensor& output,
+                                                        bool through_layers) {
+  if (mark.output_version != static_cast<std::int64_t>(output._version()) ||
+      (!through_layers && mark.recipe.is_layer()))
+    return std::nullopt;
+  recomputable_input r{mark.recipe, {}};
+  for (std::size_t i = 0; i < mark.sources.size(); ++i) {
+    at::Tensor source(mark.sources[i].lock());
+    if (source.defined() != mark.source_defined[i] ||
+        (source.defined() &&
+         static_cast<std::int64_t>(source._version()) != mark.source_versions[i]))
+      return std::nullopt;
+    r.sources.push_back(std::move(source));
+  }
+  return r;
+}
+
 /// The recipe and sources of `input` when it is a marked output that neither it nor its sources
 /// have changed since (and autocast is off: the layer would compute in another dtype than the
 /// producer's output); otherwise none. A layer's own output counts only `through_layers`; a
@@ -307,20 +339,21 @@ inline std::optional<recomputable_input> recipe_of(const at::Tensor& input,
   const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
     return m.output._unsafe_get_target() == input.unsafeGetTensorImpl() && !m.output.expired();
   });
-  if (found == marks.rend() ||
-      found->output_version != static_cast<std::int64_t>(input._version()) ||
-      (!through_layers && found->recipe.is_layer()))
-    return std::nullopt;
-  recomputable_input r{found->recipe, {}};
-  for (std::size_t i = 0; i < found->sources.size(); ++i) {
-    at::Tensor source(found->sources[i].lock());
-    if (source.defined() != found->source_defined[i] ||
-        (source.defined() &&
-         static_cast<std::int64_t>(source._version()) != found->source_versions[i]))
-      return std::nullopt;
-    r.sources.push_back(std::move(source));
-  }
-  return r;
+  if (found == marks.rend()) return std::nullopt;
+  return recipe_of_mark(*found, input, through_layers);
+}
+
+/// As recipe_of, for the marked output that `root` is (or is the whole of, see
+/// marked_output::root), whether or not the output itself is still alive.
+inline std::optional<recomputable_input> recipe_of_root(const at::Tensor& root,
+                                                        bool through_layers = false) {
+  if (!root.defined() || compat::autocast_dtype(root.device())) return std::nullopt;
+  const auto& marks = marked_outputs();
+  const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
+    return m.root._unsafe_get_target() == root.unsafeGetTensorImpl() && !m.root.expired();
+  });
+  if (found == marks.rend()) return std::nullopt;
+  return recipe_of_mark(*found, root, through_layers);
 }
 
 }  // namespace detail
