@@ -412,13 +412,8 @@ at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& 
   dropit::detail::expect(c.size() == 7, "layer_after_producer: ", c.size(),
                          " convolution arguments; expected stride, padding and dilation (2 each) "
                          "and groups");
-  dropit::conv2d_params params;
-  for (std::size_t i = 0; i < 2; ++i) {
-    params.stride[i] = c[i];
-    params.padding[i] = c[2 + i];
-    params.dilation[i] = c[4 + i];
-  }
-  params.groups = c[6];
+  const dropit::conv2d_params params =
+      dt::conv2d_params_of({c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]);
   return dt::RecomputedInputConv2dFunction::apply(input, weight, bias_argument, params,
                                                   recomputable);
 }
