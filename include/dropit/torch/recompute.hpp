@@ -307,20 +307,27 @@ inline at::Tensor produce(producer_recipe recipe, const std::vector<at::Tensor>&
   return output;
 }
 
-/// The recipe and sources of `mark`, unless `output` (the marked output, or a tensor sharing its
-/// version counter) or a source has changed since, or it is a layer's and `through_layers` is off.
-inline std::optional<recomputable_input> recipe_of_mark(const marked_output& mark,
-                                                        const at::Tensor& output,
-                                                        bool through_layers) {
-  if (mark.output_version != static_cast<std::int64_t>(output._version()) ||
-      (!through_layers && mark.recipe.is_layer()))
+/// The recipe and sources of the mark whose `field` (marked_output::output or ::root) is `tensor`,
+/// when neither the output (whose version counter `tensor` shares) nor a source has changed since
+/// and autocast is off; otherwise none. A layer's own output counts only `through_layers`.
+inline std::optional<recomputable_input> recipe_of_marked(weak_tensor marked_output::*field,
+                                                          const at::Tensor& tensor,
+                                                          bool through_layers) {
+  if (!tensor.defined() || compat::autocast_dtype(tensor.device())) return std::nullopt;
+  const auto& marks = marked_outputs();
+  const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
+    return (m.*field)._unsafe_get_target() == tensor.unsafeGetTensorImpl() && !(m.*field).expired();
+  });
+  if (found == marks.rend() ||
+      found->output_version != static_cast<std::int64_t>(tensor._version()) ||
+      (!through_layers && found->recipe.is_layer()))
     return std::nullopt;
-  recomputable_input r{mark.recipe, {}};
-  for (std::size_t i = 0; i < mark.sources.size(); ++i) {
-    at::Tensor source(mark.sources[i].lock());
-    if (source.defined() != mark.source_defined[i] ||
+  recomputable_input r{found->recipe, {}};
+  for (std::size_t i = 0; i < found->sources.size(); ++i) {
+    at::Tensor source(found->sources[i].lock());
+    if (source.defined() != found->source_defined[i] ||
         (source.defined() &&
-         static_cast<std::int64_t>(source._version()) != mark.source_versions[i]))
+         static_cast<std::int64_t>(source._version()) != found->source_versions[i]))
       return std::nullopt;
     r.sources.push_back(std::move(source));
   }
@@ -334,26 +341,14 @@ inline std::optional<recomputable_input> recipe_of_mark(const marked_output& mar
 /// input, and its own backward runs the layer anyway.
 inline std::optional<recomputable_input> recipe_of(const at::Tensor& input,
                                                    bool through_layers = false) {
-  if (!input.defined() || compat::autocast_dtype(input.device())) return std::nullopt;
-  const auto& marks = marked_outputs();
-  const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
-    return m.output._unsafe_get_target() == input.unsafeGetTensorImpl() && !m.output.expired();
-  });
-  if (found == marks.rend()) return std::nullopt;
-  return recipe_of_mark(*found, input, through_layers);
+  return recipe_of_marked(&marked_output::output, input, through_layers);
 }
 
 /// As recipe_of, for the marked output that `root` is (or is the whole of, see
 /// marked_output::root), whether or not the output itself is still alive.
 inline std::optional<recomputable_input> recipe_of_root(const at::Tensor& root,
                                                         bool through_layers = false) {
-  if (!root.defined() || compat::autocast_dtype(root.device())) return std::nullopt;
-  const auto& marks = marked_outputs();
-  const auto found = std::find_if(marks.rbegin(), marks.rend(), [&](const marked_output& m) {
-    return m.root._unsafe_get_target() == root.unsafeGetTensorImpl() && !m.root.expired();
-  });
-  if (found == marks.rend()) return std::nullopt;
-  return recipe_of_mark(*found, root, through_layers);
+  return recipe_of_marked(&marked_output::root, root, through_layers);
 }
 
 }  // namespace detail
