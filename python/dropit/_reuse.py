@@ -63,14 +63,16 @@ def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch
 
 
 def carries_recipe(input: torch.Tensor) -> bool:
-    """Whether ``input`` was marked at all: the cheap first test of a layer's every call."""
-    return _RECIPE in input.__dict__
+    """Whether ``input`` was marked at all: the cheap first test of a layer's every call. (Read
+    with getattr: a tensor's ``__dict__`` is made on first access, an allocation on every fresh
+    activation.)"""
+    return getattr(input, _RECIPE, None) is not None
 
 
 def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     """(recompute, sources, runs_layer) of an untouched marked output, else None (also under
     autocast, where the layer computes in another dtype than the producer's output)."""
-    recipe = input.__dict__.get(_RECIPE)
+    recipe = getattr(input, _RECIPE, None)
     if recipe is None:
         return None
     version, source_versions, recompute, sources, runs_layer = recipe[:5]
@@ -83,7 +85,7 @@ def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
 def native_of_marked(input: torch.Tensor) -> Tuple[Optional[tuple], bool]:
     """(its C++ recomputation's arguments or None, whether a ReLU ran) of an output ``marked``
     accepts."""
-    return input.__dict__[_RECIPE][5:]
+    return getattr(input, _RECIPE)[5:]
 
 
 def _native_layer(input, weight, bias, convolution) -> Optional[torch.Tensor]:

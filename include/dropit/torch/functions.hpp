@@ -5,7 +5,9 @@
 /// uses the full weight; only the weight gradient is computed from the cache.
 
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tensor.hpp"
@@ -13,6 +15,30 @@
 namespace dropit::torch {
 
 namespace detail {
+
+/// A C++ value kept for backward in autograd's saved data, which holds IValues: one entry for
+/// the whole value, where saving it field by field costs a map entry (and lists an allocation)
+/// per field on every call, and reading it back as many lookups and conversions.
+template <class Value>
+struct saved_value : ::torch::CustomClassHolder {
+  explicit saved_value(Value v) : value(std::move(v)) {}
+  Value value;
+};
+
+template <class Value>
+void save_value(::torch::autograd::AutogradContext* ctx, const std::string& key, Value value) {
+  ctx->saved_data[key] =
+      c10::IValue::make_capsule(c10::make_intrusive<saved_value<Value>>(std::move(value)));
+}
+
+/// The value `save_value` saved under `key`; it lives as long as the autograd node.
+template <class Value>
+const Value& load_value(::torch::autograd::AutogradContext* ctx, const std::string& key) {
+  const auto found = ctx->saved_data.find(key);
+  dropit::detail::expect(found != ctx->saved_data.end() && found->second.isCapsule(),
+                         "autograd node saved no '", key, "'");
+  return static_cast<const saved_value<Value>&>(*found->second.toCapsule()).value;
+}
 
 /// Saves the weight and, when there is one, the cache's tensors (then `extra`) through
 /// save_for_backward, so that saved-tensor hooks (checkpointing, offloading to the CPU) see all of
@@ -26,7 +52,7 @@ inline void save_weight_and_cache(::torch::autograd::AutogradContext* ctx, const
   ::torch::autograd::variable_list saved{weight, cache->values, cache->positions};
   if (extra.defined()) saved.push_back(extra);
   ctx->save_for_backward(saved);
-  ctx->saved_data["layout"] = cache->packed_layout();
+  save_value(ctx, "layout", cache->layout);
 }
 
 /// The cache `save_weight_and_cache` saved (`saved` holds the weight first).
@@ -38,23 +64,15 @@ inline saved_cache load_cache(::torch::autograd::AutogradContext* ctx,
   saved_cache cache;
   cache.values = saved[1];
   cache.positions = saved[2];
-  cache.layout = saved_cache::unpack_layout(ctx->saved_data["layout"].toIntVector());
+  cache.layout = load_value<cache_layout>(ctx, "layout");
   return cache;
 }
 
-/// A conv2d's parameters as autograd's saved data (which holds IValues only), and back.
-inline void save_conv2d_params(::torch::autograd::AutogradContext* ctx,
-                               const conv2d_params& params) {
-  ctx->saved_data["stride"] = torch_pair(params.stride);
-  ctx->saved_data["padding"] = torch_pair(params.padding);
-  ctx->saved_data["dilation"] = torch_pair(params.dilation);
-  ctx->saved_data["groups"] = params.groups;
-}
-inline conv2d_params load_conv2d_params(::torch::autograd::AutogradContext* ctx) {
-  return conv2d_params_of(
-      ctx->saved_data["stride"].toIntVector(), ctx->saved_data["padding"].toIntVector(),
-      ctx->saved_data["dilation"].toIntVector(), ctx->saved_data["groups"].toInt());
-}
+/// What a conv2d's backward needs besides its tensors.
+struct conv2d_call {
+  std::vector<std::int64_t> input_sizes;
+  conv2d_params params;
+};
 
 }  // namespace detail
 
@@ -164,8 +182,7 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
     const std::int64_t weight_channels = compat::static_sizes(weight).at(1) * params.groups;
     dropit::detail::expect(input_sizes[1] == weight_channels, "conv2d input has ", input_sizes[1],
                            " channels; the weight expects ", weight_channels);
-    ctx->saved_data["input_sizes"] = input_sizes;
-    detail::save_conv2d_params(ctx, params);
+    detail::save_value(ctx, "conv2d", detail::conv2d_call{input_sizes, params});
     const typename CacheOps::cache_type cache =
         weight.requires_grad() ? CacheOps::compress(input, spec) : typename CacheOps::cache_type{};
     CacheOps::save(ctx, weight, weight.requires_grad() ? &cache : nullptr);
@@ -181,10 +198,11 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
     // Contiguous, unlike linear's: torch's 16-bit convolution kernels round differently in another
     // memory format, and the gradients must not depend on the format dZ arrives in.
     const at::Tensor dz = grads[0].contiguous();
-    const auto input_sizes = ctx->saved_data["input_sizes"].toIntVector();
-    const conv2d_params params = detail::load_conv2d_params(ctx);
+    const auto& [input_sizes, params] = detail::load_value<detail::conv2d_call>(ctx, "conv2d");
     const std::vector<std::int64_t> weight_size = compat::static_sizes(weight);
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
+    // A missing bias has no gradient edge: needs_input_grad(2) is false for it.
+    const bool want_bias = ctx->needs_input_grad(2);
     at::Tensor d_input, d_weight, d_bias;
     const typename CacheOps::cache_type cache =
         want_weight ? CacheOps::load(ctx, saved) : typename CacheOps::cache_type{};
@@ -192,15 +210,15 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
         want_weight && preferred_weight_grad_path(cache.layout, conv2d_layer(weight_size, params),
                                                   dz.device()) == weight_grad_path::densify;
     if (densified) {
-      // Both gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified cache; the
-      // input gradient reads only its shape.
-      std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
-          dz, CacheOps::densify(cache), weight, params, {want_input, true, false});
+      // All three gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified
+      // cache, as the dense layer's backward; the input gradient reads only its shape.
+      std::tie(d_input, d_weight, d_bias) = dense_conv2d_backward(
+          dz, CacheOps::densify(cache), weight, params, {want_input, true, want_bias});
     } else {
       if (want_input) d_input = conv2d_input_grad(dz, weight, input_sizes, params);
       if (want_weight) d_weight = CacheOps::conv2d_weight_grad(cache, dz, weight_size, params);
+      if (want_bias) d_bias = dz.sum({0, 2, 3});
     }
-    if (ctx->needs_input_grad(2)) d_bias = dz.sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };

@@ -183,44 +183,14 @@ struct producer_recipe {
     dropit::detail::fail("unknown producer recipe ", static_cast<std::int64_t>(what));
   }
 
-  /// As autograd's saved data (which holds IValues only), and back.
-  /// `prefix` tells apart the recipes of one function's several inputs.
-  void save(::torch::autograd::AutogradContext* ctx, const std::string& prefix = "recipe") const {
-    ctx->saved_data[prefix + "_kind"] = static_cast<std::int64_t>(what);
-    ctx->saved_data[prefix + "_shape"] = normalized_shape;
-    ctx->saved_data[prefix + "_eps"] = eps;
-    ctx->saved_data[prefix + "_approximate"] = approximate;
-    ctx->saved_data[prefix + "_batch_statistics"] = batch_statistics;
-    ctx->saved_data[prefix + "_relu"] = relu;
-    ctx->saved_data[prefix + "_convolution"] = std::vector<std::int64_t>{
-        convolution.stride[0],  convolution.stride[1],   convolution.padding[0],
-        convolution.padding[1], convolution.dilation[0], convolution.dilation[1],
-        convolution.groups};
-    if (input) {
-      ctx->saved_data[prefix + "_parameters"] = parameters;
-      input->save(ctx, prefix + "_input");
-    }
-    if (memo) ctx->saved_data[prefix + "_memo"] = c10::IValue::make_capsule(memo);
+  /// Kept for backward whole, as one entry of autograd's saved data (see save_value); `key` tells
+  /// apart the recipes of one function's several inputs.
+  void save(::torch::autograd::AutogradContext* ctx, const std::string& key = "recipe") const {
+    save_value(ctx, key, *this);
   }
-  static producer_recipe load(::torch::autograd::AutogradContext* ctx,
-                              const std::string& prefix = "recipe") {
-    producer_recipe r;
-    r.what = static_cast<kind>(ctx->saved_data[prefix + "_kind"].toInt());
-    r.normalized_shape = ctx->saved_data[prefix + "_shape"].toIntVector();
-    r.eps = ctx->saved_data[prefix + "_eps"].toDouble();
-    r.approximate = ctx->saved_data[prefix + "_approximate"].toStringRef();
-    r.batch_statistics = ctx->saved_data[prefix + "_batch_statistics"].toBool();
-    r.relu = ctx->saved_data[prefix + "_relu"].toBool();
-    const std::vector<std::int64_t> c = ctx->saved_data[prefix + "_convolution"].toIntVector();
-    r.convolution = conv2d_params_of({c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]);
-    if (const auto found = ctx->saved_data.find(prefix + "_parameters");
-        found != ctx->saved_data.end()) {
-      r.parameters = found->second.toInt();
-      r.input = std::make_shared<const producer_recipe>(load(ctx, prefix + "_input"));
-    }
-    if (const auto found = ctx->saved_data.find(prefix + "_memo"); found != ctx->saved_data.end())
-      r.memo = c10::static_intrusive_pointer_cast<recompute_memo>(found->second.toCapsule());
-    return r;
+  static const producer_recipe& load(::torch::autograd::AutogradContext* ctx,
+                                     const std::string& key = "recipe") {
+    return load_value<producer_recipe>(ctx, key);
   }
 };
 
@@ -418,8 +388,7 @@ struct RecomputedInputConv2dFunction
                             const conv2d_params& params,
                             const detail::recomputable_input& recomputable) {
     const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    ctx->saved_data["input_sizes"] = compat::static_sizes(input);
-    detail::save_conv2d_params(ctx, params);
+    detail::save_value(ctx, "conv2d", detail::conv2d_call{compat::static_sizes(input), params});
     detail::save_weight_and_recipe(ctx, weight, recomputable);
     return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
                       torch_pair(params.dilation), params.groups);
@@ -429,7 +398,7 @@ struct RecomputedInputConv2dFunction
                                                    ::torch::autograd::variable_list grads) {
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor& weight = saved[0];
-    const conv2d_params params = detail::load_conv2d_params(ctx);
+    const auto& [input_sizes, params] = detail::load_value<detail::conv2d_call>(ctx, "conv2d");
     const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
     const bool want_bias = ctx->needs_input_grad(2);
     at::Tensor d_input, d_weight, d_bias;
@@ -438,8 +407,7 @@ struct RecomputedInputConv2dFunction
           dense_conv2d_backward(grads[0], detail::recompute_input(ctx, saved), weight, params,
                                 {want_input, true, want_bias});
     } else if (want_input) {
-      d_input = conv2d_input_grad(grads[0].contiguous(), weight,
-                                  ctx->saved_data["input_sizes"].toIntVector(), params);
+      d_input = conv2d_input_grad(grads[0].contiguous(), weight, input_sizes, params);
     }
     if (want_bias && !d_bias.defined()) d_bias = grads[0].sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
@@ -517,7 +485,7 @@ struct RecomputedInputProducerFunction
                                                    ::torch::autograd::variable_list grads) {
     const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
     const at::Tensor &weight = saved[0], &bias = saved[1], &first = saved[2], &second = saved[3];
-    const detail::producer_recipe recipe = detail::producer_recipe::load(ctx, "producer");
+    const detail::producer_recipe& recipe = detail::producer_recipe::load(ctx, "producer");
     at::Tensor input;
     {
       const at::NoGradGuard no_grad;
