@@ -76,10 +76,18 @@ def marked(input: torch.Tensor) -> Optional[Tuple[Callable, tuple, bool]]:
     if recipe is None:
         return None
     version, source_versions, recompute, sources, runs_layer = recipe[:5]
-    if version != input._version or torch.is_autocast_enabled(input.device.type) or any(
-            source._version != v for source, v in zip(sources, source_versions)):
+    if version != input._version or _autocast_enabled(input):
         return None  # modified in place since, or computed in another dtype
+    for source, source_version in zip(sources, source_versions):
+        if source._version != source_version:
+            return None
     return recompute, sources, runs_layer
+
+
+def _autocast_enabled(tensor: torch.Tensor) -> bool:
+    """Whether autocast is on for ``tensor``'s device; the test without arguments first, which
+    every call of a layer reading a marked output makes."""
+    return torch._C._is_any_autocast_enabled() and torch.is_autocast_enabled(tensor.device.type)
 
 
 def native_of_marked(input: torch.Tensor) -> Tuple[Optional[tuple], bool]:

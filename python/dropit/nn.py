@@ -25,6 +25,16 @@ __all__ = ["BatchNorm2d", "Checkpoint", "Conv1d", "Conv2d", "Conv3d", "GELU", "L
            "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
 
 
+def _weight_and_bias(module: nn.Module) -> tuple:
+    """(module.weight, module.bias) without nn.Module.__getattr__ for registered parameters (a
+    Python function, called only after the ordinary lookup fails: a cost a small layer's call
+    notices). Anything else (a parametrization's property) is read as usual."""
+    parameters = module._parameters
+    if "weight" in parameters and "bias" in parameters:
+        return parameters["weight"], parameters["bias"]
+    return module.weight, module.bias
+
+
 class _CachingLayer:
     """What Linear and Conv2d share: the policy, the call count, and adoption of a dense layer."""
 
@@ -37,15 +47,6 @@ class _CachingLayer:
         self._policy_arguments = _C.PolicyArguments(*self._dropit_arguments)
         self._draws_keys = self.dropit_policy.policy == "random"
 
-    def _weight_and_bias(self) -> tuple:
-        """(self.weight, self.bias) without nn.Module.__getattr__ for registered parameters (a
-        Python function, called only after the ordinary lookup fails: a cost a small layer's call
-        notices). Anything else (a parametrization's property) is read as usual."""
-        parameters = self._parameters
-        if "weight" in parameters and "bias" in parameters:
-            return parameters["weight"], parameters["bias"]
-        return self.weight, self.bias
-
     def _weight_gradient_inputs(self, input: torch.Tensor) -> list:
         """(tensor, cached) for each tensor the layer reads for its weight gradient in a call on
         these arguments, which the dense layer saves: cached, or else needing no cache."""
@@ -53,7 +54,7 @@ class _CachingLayer:
 
     def _learns(self) -> bool:
         """Whether a weight the layer caches its input for needs a gradient."""
-        return self._weight_and_bias()[0].requires_grad
+        return _weight_and_bias(self)[0].requires_grad
 
     # Set by convert's skip_first on a layer found fed by the model's own input in the model's
     # first forward (the model may be wrapped by then, so the layer stays): it runs dense.
@@ -139,7 +140,7 @@ class Linear(_LinearLayer, nn.Linear):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._weight_and_bias()
+        weight, bias = _weight_and_bias(self)
         if not self._caches(weight):
             return F.linear(input, weight, bias)
         if self._plain_call(input, weight, bias):
@@ -165,7 +166,7 @@ class TransposedLinear(_LinearLayer, nn.Module):
         self._init_dropit(dropit_policy, fields)
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._weight_and_bias()
+        weight, bias = _weight_and_bias(self)
         if not self._caches(weight):  # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(bias, input.view(-1, input.size(-1)), weight).view(shape)
@@ -227,7 +228,7 @@ class _Convolution(_CachingLayer):
         return [(self._padded(input)[0], True)]
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        weight, bias = self._weight_and_bias()
+        weight, bias = _weight_and_bias(self)
         if not self._caches(weight):
             return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
@@ -516,7 +517,7 @@ class LayerNorm(_Producer, nn.LayerNorm):
         return F.layer_norm(input, self.normalized_shape, self.weight, self.bias, self.eps)
 
     def _native(self, input: torch.Tensor) -> Optional[tuple]:
-        return ("layer_norm", (input, self.weight, self.bias), list(self.normalized_shape),
+        return ("layer_norm", (input, *_weight_and_bias(self)), list(self.normalized_shape),
                 self.eps, "none")
 
 
@@ -543,7 +544,7 @@ class BatchNorm2d(_Producer, nn.BatchNorm2d):
         if statistics is not None:
             return _reuse.mark_recomputable(
                 output, self._normalise, input, *statistics,
-                native=("batch_norm", (input, self.weight, self.bias, *statistics), [], 0.0,
+                native=("batch_norm", (input, *_weight_and_bias(self), *statistics), [], 0.0,
                         "none"))
         recompute = functools.partial(self._recompute, batch_statistics)
         return _reuse.mark_recomputable(output, recompute, input)
