@@ -210,15 +210,16 @@ struct basic_conv2d_function : public ::torch::autograd::Function<basic_conv2d_f
         want_weight && preferred_weight_grad_path(cache.layout, conv2d_layer(weight_size, params),
                                                   dz.device()) == weight_grad_path::densify;
     if (densified) {
-      // All three gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified
-      // cache, as the dense layer's backward; the input gradient reads only its shape.
-      std::tie(d_input, d_weight, d_bias) = dense_conv2d_backward(
-          dz, CacheOps::densify(cache), weight, params, {want_input, true, want_bias});
+      // Both gradients from one call of torch's kernel (oneDNN, cuDNN) on the densified cache; the
+      // input gradient reads only its shape. The bias gradient is a sum of its own: asked for it
+      // too, oneDNN's backward adds several times the sum's host work on small layers.
+      std::tie(d_input, d_weight, std::ignore) = dense_conv2d_backward(
+          dz, CacheOps::densify(cache), weight, params, {want_input, true, false});
     } else {
       if (want_input) d_input = conv2d_input_grad(dz, weight, input_sizes, params);
       if (want_weight) d_weight = CacheOps::conv2d_weight_grad(cache, dz, weight_size, params);
-      if (want_bias) d_bias = dz.sum({0, 2, 3});
     }
+    if (want_bias) d_bias = dz.sum({0, 2, 3});
     return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
   }
 };
