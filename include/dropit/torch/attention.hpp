@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <optional>
 #include <ostream>
-#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +41,17 @@ inline at::Tensor dense_softmax_attention(const at::Tensor& q, const at::Tensor&
 struct attention_through_layer {
   recomputable_input recipe;
   at::Tensor base;  // the tensor q, k and v view (the output, or all of what it views)
+};
+
+/// Where q, k and v lie in the tensor they view: what backward needs to take them again from that
+/// tensor computed again.
+struct attention_views {
+  struct view {
+    std::vector<std::int64_t> sizes, strides;
+    std::int64_t offset = 0;  // from the base's own storage offset
+  };
+  std::vector<std::int64_t> base_sizes;
+  view q, k, v;
 };
 
 /// Checks q [..., Tq, d], k [..., Tk, d], v [..., Tk, dv]: the same leading axes, dtype and device.
@@ -110,13 +120,14 @@ struct SoftmaxAttentionFunction : public ::torch::autograd::Function<SoftmaxAtte
       through_layer->recipe.recipe.save(ctx);
       ctx->save_for_backward(through_layer->recipe.sources);
       const at::Tensor& base = through_layer->base;
-      ctx->saved_data["base_sizes"] = compat::static_sizes(base);
-      for (const auto& [name, view] : {std::pair{"q", q}, std::pair{"k", k}, std::pair{"v", v}}) {
-        ctx->saved_data[std::string(name) + "_sizes"] = compat::static_sizes(view);
-        ctx->saved_data[std::string(name) + "_strides"] = view.strides().vec();
-        ctx->saved_data[std::string(name) + "_offset"] =
-            static_cast<std::int64_t>(view.storage_offset() - base.storage_offset());
-      }
+      const auto where = [&](const at::Tensor& view) {
+        return detail::attention_views::view{
+            compat::static_sizes(view), view.strides().vec(),
+            static_cast<std::int64_t>(view.storage_offset() - base.storage_offset())};
+      };
+      detail::save_value(
+          ctx, "views",
+          detail::attention_views{compat::static_sizes(base), where(q), where(k), where(v)});
     } else {
       ctx->save_for_backward({q, k, v});
     }
@@ -127,21 +138,20 @@ struct SoftmaxAttentionFunction : public ::torch::autograd::Function<SoftmaxAtte
   /// q, k and v again: as saved, or as views of their base computed again.
   static std::array<at::Tensor, 3> operands(::torch::autograd::AutogradContext* ctx,
                                             const ::torch::autograd::variable_list& saved) {
-    if (ctx->saved_data.find("base_sizes") == ctx->saved_data.end())
+    if (ctx->saved_data.find("views") == ctx->saved_data.end())
       return {saved[0], saved[1], saved[2]};
     at::Tensor output;
     {
       const at::NoGradGuard no_grad;
       output = detail::producer_recipe::load(ctx).take_or_compute(saved);
     }
+    const auto& views = detail::load_value<detail::attention_views>(ctx, "views");
     // The base is contiguous and the output all of it, in the same order (marked_output::root).
-    const at::Tensor base = output.contiguous().view(ctx->saved_data["base_sizes"].toIntVector());
-    const auto view = [&](const std::string& name) {
-      return base.as_strided(ctx->saved_data[name + "_sizes"].toIntVector(),
-                             ctx->saved_data[name + "_strides"].toIntVector(),
-                             base.storage_offset() + ctx->saved_data[name + "_offset"].toInt());
+    const at::Tensor base = output.contiguous().view(views.base_sizes);
+    const auto view = [&](const detail::attention_views::view& v) {
+      return base.as_strided(v.sizes, v.strides, base.storage_offset() + v.offset);
     };
-    return {view("q"), view("k"), view("v")};
+    return {view(views.q), view(views.k), view(views.v)};
   }
 
   static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
