@@ -13,8 +13,12 @@
   input), which a producer then keeps none of (BatchNorm after a convolution after BatchNorm ->
   ReLU, GELU after a linear layer after LayerNorm): one more forward of the layer in backward.
 
-Both are read off eager tensors; torch.compile does not trace them (its partitioner recomputes
-cheap producers itself), so a compiled layer caches.
+Both are read off eager tensors. Under torch.compile a producer's output is marked as left to the
+compiler instead: a layer reading it (directly or through a dropit ReLU) runs torch's own
+operation, whose input the compiler's partitioner keeps or recomputes from the producer's, fused
+with it, as its memory budget decides; the layers cache only what the partitioner cannot
+recompute cheaply. Caching a producer's output instead would cost a compress in forward and split
+the fusions (BatchNorm with ReLU) the compiler makes of dense code.
 """
 
 import functools
@@ -35,6 +39,9 @@ _FUSED_ATTENTION_NODES = frozenset((
 # recompute, sources, whether recompute runs a layer's forward, what the C++ recomputation takes
 # or None, whether a dropit ReLU ran on the producer's output).
 _RECIPE = "_dropit_recompute"
+# The attribute a producer's output carries under torch.compile (dynamo traces it as a side effect
+# of the graph's own tensors): True.
+_LEFT_TO_COMPILER = "_dropit_left_to_compiler"
 
 
 def kept_by_attention(input: torch.Tensor) -> bool:
@@ -55,11 +62,27 @@ def mark_recomputable(output: torch.Tensor, recompute: Callable, *sources: torch
     ``_C.ProducerArguments`` but the last: kind, sources, normalized_shape, eps, approximate), so
     that a linear layer or 2-D convolution reading ``output`` recomputes it in C++; ``relu``: a
     dropit ReLU ran on the producer's output."""
-    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
-        versions = tuple(source._version for source in sources)
-        setattr(output, _RECIPE,
-                (output._version, versions, recompute, sources, runs_layer, native, relu))
+    if not torch.is_grad_enabled():
+        return output
+    if torch.compiler.is_compiling():
+        return leave_to_compiler(output)
+    versions = tuple(source._version for source in sources)
+    setattr(output, _RECIPE,
+            (output._version, versions, recompute, sources, runs_layer, native, relu))
     return output
+
+
+def leave_to_compiler(output: torch.Tensor) -> torch.Tensor:
+    """Marks ``output``, traced by torch.compile, as one the compiler's partitioner recomputes
+    cheaply (see the module's note)."""
+    setattr(output, _LEFT_TO_COMPILER, True)
+    return output
+
+
+def left_to_compiler(input: torch.Tensor) -> bool:
+    """Whether ``input`` is a traced output ``leave_to_compiler`` marked: a layer reading it runs
+    torch's own operation."""
+    return torch.compiler.is_compiling() and getattr(input, _LEFT_TO_COMPILER, False)
 
 
 def carries_recipe(input: torch.Tensor) -> bool:

@@ -141,7 +141,7 @@ class Linear(_LinearLayer, nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = _weight_and_bias(self)
-        if not self._caches(weight):
+        if not self._caches(weight) or _reuse.left_to_compiler(input):
             return F.linear(input, weight, bias)
         if self._plain_call(input, weight, bias):
             return _C.linear(input, weight, bias, self._policy_arguments, None)
@@ -167,7 +167,8 @@ class TransposedLinear(_LinearLayer, nn.Module):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = _weight_and_bias(self)
-        if not self._caches(weight):  # Hugging Face's own computation
+        if not self._caches(weight) or _reuse.left_to_compiler(input):
+            # Hugging Face's own computation
             shape = input.shape[:-1] + (self.nf,)
             return torch.addmm(bias, input.view(-1, input.size(-1)), weight).view(shape)
         output = _reuse.linear_reusing_input(input, weight.t(), bias, self._recompute_layers)
@@ -229,7 +230,7 @@ class _Convolution(_CachingLayer):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = _weight_and_bias(self)
-        if not self._caches(weight):
+        if not self._caches(weight) or _reuse.left_to_compiler(input):
             return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
         if input.dim() == dims + 1:  # unbatched, as torch accepts
@@ -328,8 +329,10 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
         return self._call(functional._linear, input, weight, bias)
 
     def _project_inputs(self, query, key, value, self_attention: bool, shared_key_value: bool,
-                        recipe):
-        """q, k, v as torch's in-projection computes them, each projection caching its input."""
+                        recipe, dense_projection: bool):
+        """q, k, v as torch's in-projection computes them, each projection caching its input;
+        a self-attention's one input recomputed by ``recipe``, or left to the compiler where
+        ``dense_projection`` (see _reuse)."""
         embed_dim = self.embed_dim
         if not self._qkv_same_embed_dim:
             weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
@@ -338,7 +341,9 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
                          for x, w, b in zip((query, key, value), weights, biases))
         weight, bias = self.in_proj_weight, self.in_proj_bias
         if self_attention:  # one projection of one input, split into q, k, v
-            if recipe is None:
+            if dense_projection:
+                packed = F.linear(query, weight, bias)
+            elif recipe is None:
                 packed = self._linear(query, weight, bias)
             else:
                 recompute, sources = recipe
@@ -368,9 +373,12 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
                                    average_attn_weights, is_causal)
         self_attention, shared_key_value = query is key and key is value, key is value
         # A self-attention input a producer can recompute: the projection caches nothing.
-        recipe = None
-        if self_attention and not torch.compiler.is_compiling():
-            recipe = _reuse.recipe_of(query)
+        recipe, dense_projection = None, False
+        if self_attention:
+            if torch.compiler.is_compiling():
+                dense_projection = _reuse.left_to_compiler(query)
+            else:
+                recipe = _reuse.recipe_of(query)
         batched = query.dim() == 3
         arrange = _sequence_first if batched and self.batch_first else (
             _single_batch if not batched else None)
@@ -408,7 +416,8 @@ class MultiheadAttention(_CachingLayer, nn.MultiheadAttention):
                 -1, heads, -1, -1).reshape(batch * heads, 1, source_length)
             attn_mask = padding if attn_mask is None else attn_mask + padding
 
-        q, k, v = self._project_inputs(query, key, value, self_attention, shared_key_value, recipe)
+        q, k, v = self._project_inputs(query, key, value, self_attention, shared_key_value, recipe,
+                                       dense_projection)
         q = q.view(target_length, batch * heads, head_dim).transpose(0, 1)
         k = k.view(source_length, batch * heads, head_dim).transpose(0, 1)
         v = v.view(source_length, batch * heads, head_dim).transpose(0, 1)
@@ -625,6 +634,8 @@ class ReLU(nn.ReLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and input.requires_grad):
             return F.relu(input, inplace=self.inplace)
+        if _reuse.left_to_compiler(input):  # no mask: the compiler fuses it with the producer
+            return _reuse.leave_to_compiler(F.relu(input))
         output = functional.relu(input)
         found = None if torch.compiler.is_compiling() else _reuse.marked(input)
         if found is None:

@@ -118,6 +118,80 @@ def test_compiled_gamma_09_equals_eager_dropit(policy):
     assert len(recorder.graphs["dynamo"]) == 1  # compiled once, not every step
 
 
+def dynamo_calls(recorder, target) -> int:
+    """How many times dynamo's graphs call `target` (an operator or a function)."""
+    return sum(node.op == "call_function" and node.target is target
+               for gm in recorder.graphs["dynamo"] for node in gm.graph.nodes)
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.9])
+def test_compiled_layers_after_producers_leave_their_input_to_the_compiler(gamma):
+    """A layer reading a producer's output (BatchNorm -> ReLU -> conv) runs torch's convolution
+    under torch.compile, its input kept or recomputed by the partitioner, and the ReLU between is
+    torch's (fused with BatchNorm); the rest still cache. Gradients equal eager dropit's, which
+    recomputes that input exactly: at gamma 0 and 0.9 alike."""
+    eager = small_cnn()
+    dropit.convert(eager, gamma=gamma, chunk_size=256, skip_first=False)
+    model = copy.deepcopy(eager)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    for _ in range(2):
+        x, target = batch("cpu")
+        actual, expected = gradients(compiled, x, target), gradients(eager, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert len(recorder.graphs["dynamo"]) == 1
+    # conv (caches the model's input) -> BN -> ReLU (torch's) -> conv (torch's) -> ReLU (mask)
+    # -> pool -> linear (caches).
+    assert dynamo_calls(recorder, ops.conv2d.default) == 1
+    assert dynamo_calls(recorder, torch.conv2d) == 1
+    assert dynamo_calls(recorder, ops.relu.default) == 1
+    assert dynamo_calls(recorder, ops.linear.default) == 1
+    forward = [node.target for gm in recorder.graphs["forward"] for node in gm.graph.nodes]
+    assert forward.count(ops.compress.default) == 2
+
+
+class PreNormBlock(nn.Module):
+    """x + attention(LayerNorm(x)), then x + fc2(GELU(fc1(LayerNorm(x)))), then a linear layer
+    on the residual stream."""
+
+    def __init__(self, width=16):
+        super().__init__()
+        torch.manual_seed(0)
+        self.norm1, self.norm2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.attention = nn.MultiheadAttention(width, 4, batch_first=True)
+        self.fc1, self.act, self.fc2 = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(
+            2 * width, width)
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.attention(h, h, h, need_weights=False)[0]
+        x = x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        return self.head(x).mean(dim=1)
+
+
+def test_compiled_transformer_block_caches_only_the_residual_stream():
+    """Under torch.compile the projections reading LayerNorm's and GELU's outputs are torch's
+    linear layers (the in-projection included) and the output projection reads what the fused
+    attention keeps: only the head, on the residual stream, caches. Gradients equal eager dropit's
+    (which recomputes those inputs)."""
+    eager = PreNormBlock()
+    dropit.convert(eager, gamma=0.9, chunk_size=64, skip_first=False)
+    model = copy.deepcopy(eager)
+    recorder = GraphRecorder()
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    x, target = torch.randn(3, 5, 16), torch.randint(0, 10, (3,))
+    for _ in range(2):
+        actual, expected = gradients(compiled, x, target), gradients(eager, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert len(recorder.graphs["dynamo"]) == 1
+    assert dynamo_calls(recorder, ops.linear.default) == 1  # the head
+    forward = [node.target for gm in recorder.graphs["forward"] for node in gm.graph.nodes]
+    assert forward.count(ops.compress.default) == 1
+
+
 @pytest.mark.parametrize("gamma", [0.0, 0.9])
 def test_compiled_sequence_layers_equal_eager(gamma):
     """At gamma 0 equal to dense, at 0.9 to eager dropit; the first layer (skip_first, decided in
