@@ -39,10 +39,14 @@ class Policy:
         """The policy arguments of dropit's operators (torch.ops.dropit.*) for forward call number
         ``call`` of a layer whose channels lie on ``channel_axis``: selection, granularity,
         channel_axis, gamma, chunk_size, seed, call, rescale. Seed and call travel as the signed
-        64-bit integers with their bits."""
+        64-bit integers with their bits; a selection that reads neither gets zeros, so that two
+        layers caching one input under torch.compile make one call, which the compiler computes
+        and keeps once (a residual block's first convolution and its shortcut)."""
+        seed, call = _signed64(int(self.seed)), _signed64(int(call))
+        if self.policy != "random":
+            seed = call = 0
         arguments = (self.policy, self.granularity, int(channel_axis), float(self.gamma),
-                     int(self.chunk_size), _signed64(int(self.seed)), _signed64(int(call)),
-                     bool(self.rescale))
+                     int(self.chunk_size), seed, call, bool(self.rescale))
         if validate:
             _C.PolicyArguments(*arguments)
         return arguments

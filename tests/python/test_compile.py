@@ -41,10 +41,14 @@ def batch(device, channels_last=False):
 
 class GraphRecorder:
     """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward
-    graphs, then runs them as AOTAutograd compiled them (no code generation: fast)."""
+    graphs, then runs them as AOTAutograd compiled them (no code generation: fast). ``inductor``:
+    split them with inductor's partitioner (which also merges identical calls), not the default
+    one."""
 
-    def __init__(self):
+    def __init__(self, inductor_partitioner=False):
         from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.partitioners import (default_partition,
+                                                   min_cut_rematerialization_partition)
         self.graphs = {"dynamo": [], "forward": [], "backward": []}
 
         def keep(kind):
@@ -53,7 +57,10 @@ class GraphRecorder:
                 return gm.forward
             return compiler
 
-        self._aot = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"))
+        self._aot = aot_autograd(
+            fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+            partition_fn=(min_cut_rematerialization_partition if inductor_partitioner
+                          else default_partition))
 
     def __call__(self, gm, example_inputs):
         self.graphs["dynamo"].append(gm)
@@ -190,6 +197,36 @@ def test_compiled_transformer_block_caches_only_the_residual_stream():
     assert dynamo_calls(recorder, ops.linear.default) == 1  # the head
     forward = [node.target for gm in recorder.graphs["forward"] for node in gm.graph.nodes]
     assert forward.count(ops.compress.default) == 1
+
+
+class SharedInput(nn.Module):
+    """Two convolutions reading one input, as a residual block's first convolution and its
+    shortcut do."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.shortcut = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 8, 1)
+        self.head = nn.Linear(8, 10)
+
+    def forward(self, x):
+        return self.head((self.body(x) + self.shortcut(x)).mean(dim=(2, 3)))
+
+
+def test_compiled_layers_reading_one_input_keep_one_cache():
+    """Two layers with a deterministic selection caching one input make the same compress call,
+    which the compiler computes and keeps once; gradients equal eager dropit's."""
+    eager = SharedInput()
+    dropit.convert(eager, gamma=0.9, chunk_size=64, skip_first=False)
+    model = copy.deepcopy(eager)
+    recorder = GraphRecorder(inductor_partitioner=True)
+    compiled = torch.compile(model, backend=recorder, fullgraph=True)
+    x, target = batch("cpu")
+    for a, e in zip(gradients(compiled, x, target), gradients(eager, x, target)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    assert dynamo_calls(recorder, ops.conv2d.default) == 2
+    forward = [node.target for gm in recorder.graphs["forward"] for node in gm.graph.nodes]
+    assert forward.count(ops.compress.default) == 2  # the convolutions' input, the head's
 
 
 @pytest.mark.parametrize("gamma", [0.0, 0.9])
