@@ -81,8 +81,9 @@ def leave_to_compiler(output: torch.Tensor) -> torch.Tensor:
 
 def left_to_compiler(input: torch.Tensor) -> bool:
     """Whether ``input`` is a traced output ``leave_to_compiler`` marked: a layer reading it runs
-    torch's own operation."""
-    return torch.compiler.is_compiling() and getattr(input, _LEFT_TO_COMPILER, False)
+    torch's own operation. (The attribute first: eager tensors never carry it, and reading it costs
+    less than asking whether dynamo is tracing.)"""
+    return getattr(input, _LEFT_TO_COMPILER, False) and torch.compiler.is_compiling()
 
 
 def carries_recipe(input: torch.Tensor) -> bool:

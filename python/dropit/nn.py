@@ -141,10 +141,12 @@ class Linear(_LinearLayer, nn.Linear):
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = _weight_and_bias(self)
-        if not self._caches(weight) or _reuse.left_to_compiler(input):
+        if not self._caches(weight):
             return F.linear(input, weight, bias)
         if self._plain_call(input, weight, bias):
             return _C.linear(input, weight, bias, self._policy_arguments, None)
+        if _reuse.left_to_compiler(input):
+            return F.linear(input, weight, bias)
         output = _reuse.linear_reusing_input(input, weight, bias, self._recompute_layers)
         if output is not None:
             return output
