@@ -15,10 +15,14 @@
 
 Both are read off eager tensors. Under torch.compile a producer's output is marked as left to the
 compiler instead: a layer reading it (directly or through a dropit ReLU) runs torch's own
-operation, whose input the compiler's partitioner keeps or recomputes from the producer's, fused
-with it, as its memory budget decides; the layers cache only what the partitioner cannot
-recompute cheaply. Caching a producer's output instead would cost a compress in forward and split
-the fusions (BatchNorm with ReLU) the compiler makes of dense code.
+operation, whose input the compiler computes again in backward from the producer's, fused with
+what reads it there. LayerNorm, GELU and SiLU run inside an activation checkpoint, which the
+compiler's partitioner always recomputes: left to its memory budget, it would keep their outputs
+(at budget 1.0 it keeps what eager torch keeps). BatchNorm's output (and its ReLU's) is left to
+the budget: its forward updates the running statistics, which a region recomputed in backward
+must not do twice. The layers cache only what no producer gives again. Caching a producer's output
+instead would cost a compress in forward and split the fusions (BatchNorm with ReLU) the compiler
+makes of dense code.
 """
 
 import functools
@@ -26,6 +30,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from . import _C
 
@@ -77,6 +82,15 @@ def leave_to_compiler(output: torch.Tensor) -> torch.Tensor:
     cheaply (see the module's note)."""
     setattr(output, _LEFT_TO_COMPILER, True)
     return output
+
+
+def produce_for_compiler(produce: Callable, input: torch.Tensor) -> torch.Tensor:
+    """``produce(input)`` traced by torch.compile in an activation checkpoint, so that the
+    partitioner recomputes the output in backward from ``input`` (which the producer's own backward
+    keeps anyway) instead of keeping it, as eager dropit recomputes it; marked as left to the
+    compiler."""
+    output = torch.utils.checkpoint.checkpoint(produce, input, use_reentrant=False)
+    return leave_to_compiler(output)
 
 
 def left_to_compiler(input: torch.Tensor) -> bool:

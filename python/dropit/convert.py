@@ -143,6 +143,8 @@ class _Converter:
             layer = dnn.ReLU
         elif self.recompute and type(child) in _PRODUCERS and not getattr(child, "inplace", False):
             layer = _PRODUCERS[type(child)]
+        elif self.recompute and type(child) is nn.Dropout:
+            layer = dnn.Dropout
         else:
             return None
         if any(pattern.search(name) for pattern in self.exclude):

@@ -21,8 +21,8 @@ from torch import nn
 from . import _C, _convolution, _reuse, functional
 from ._policy import Policy
 
-__all__ = ["BatchNorm2d", "Checkpoint", "Conv1d", "Conv2d", "Conv3d", "GELU", "LayerNorm",
-           "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
+__all__ = ["BatchNorm2d", "Checkpoint", "Conv1d", "Conv2d", "Conv3d", "Dropout", "GELU",
+           "LayerNorm", "Linear", "MultiheadAttention", "ReLU", "SiLU", "TransposedLinear"]
 
 
 def _weight_and_bias(module: nn.Module) -> tuple:
@@ -511,6 +511,8 @@ class _Producer:
                                                       getattr(self, "bias", None))
             if output is not None:
                 return output
+        if torch.compiler.is_compiling():
+            return _reuse.produce_for_compiler(super().forward, input)
         output = super().forward(input)
         if output is input:  # in place: nothing left to recompute from
             return output
@@ -619,6 +621,24 @@ class SiLU(_Producer, nn.SiLU):
 
     def _native(self, input: torch.Tensor) -> Optional[tuple]:
         return "silu", (input,), [], 0.0, "none"
+
+
+class Dropout(nn.Dropout):
+    """``torch.nn.Dropout`` that returns its input itself where it drops nothing (``p`` 0, or in
+    eval mode), as eager torch does but a traced dropout does not: so that under torch.compile a
+    layer reading a producer's output through it (torchvision's ViT MLP: GELU -> Dropout(0.0) ->
+    Linear) still sees that output and leaves it to the compiler."""
+
+    @classmethod
+    def from_dense(cls, dense: nn.Dropout) -> "Dropout":
+        layer = cls(p=dense.p, inplace=dense.inplace)
+        layer.train(dense.training)
+        return layer
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        if self.p == 0.0 or not self.training:
+            return input
+        return super().forward(input)
 
 
 class ReLU(nn.ReLU):

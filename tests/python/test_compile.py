@@ -159,8 +159,8 @@ def test_compiled_layers_after_producers_leave_their_input_to_the_compiler(gamma
 
 
 class PreNormBlock(nn.Module):
-    """x + attention(LayerNorm(x)), then x + fc2(GELU(fc1(LayerNorm(x)))), then a linear layer
-    on the residual stream."""
+    """x + attention(LayerNorm(x)), then x + fc2(Dropout(GELU(fc1(LayerNorm(x))))) (dropout 0,
+    as torchvision's ViT has it), then a linear layer on the residual stream."""
 
     def __init__(self, width=16):
         super().__init__()
@@ -169,18 +169,20 @@ class PreNormBlock(nn.Module):
         self.attention = nn.MultiheadAttention(width, 4, batch_first=True)
         self.fc1, self.act, self.fc2 = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(
             2 * width, width)
+        self.drop = nn.Dropout(0.0)
         self.head = nn.Linear(width, 10)
 
     def forward(self, x):
         h = self.norm1(x)
         x = x + self.attention(h, h, h, need_weights=False)[0]
-        x = x + self.fc2(self.act(self.fc1(self.norm2(x))))
+        x = x + self.fc2(self.drop(self.act(self.fc1(self.norm2(x)))))
         return self.head(x).mean(dim=1)
 
 
 def test_compiled_transformer_block_caches_only_the_residual_stream():
     """Under torch.compile the projections reading LayerNorm's and GELU's outputs are torch's
-    linear layers (the in-projection included) and the output projection reads what the fused
+    linear layers (the in-projection included; the MLP's second through a dropout of 0, which a
+    traced dropout would hide) and the output projection reads what the fused
     attention keeps: only the head, on the residual stream, caches. Gradients equal eager dropit's
     (which recomputes those inputs)."""
     eager = PreNormBlock()
@@ -197,6 +199,49 @@ def test_compiled_transformer_block_caches_only_the_residual_stream():
     assert dynamo_calls(recorder, ops.linear.default) == 1  # the head
     forward = [node.target for gm in recorder.graphs["forward"] for node in gm.graph.nodes]
     assert forward.count(ops.compress.default) == 1
+
+
+class ProducerStack(nn.Module):
+    """linear -> LayerNorm -> linear -> GELU -> linear."""
+
+    def __init__(self, width=256):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.norm = nn.Linear(64, width), nn.LayerNorm(width)
+        self.b, self.act, self.c = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, 64)
+
+    def forward(self, x):
+        return self.c(self.act(self.b(self.norm(self.a(x)))))
+
+
+def held_after_forward(model, x):
+    """Bytes the forward leaves allocated for backward, its output aside."""
+    with dropit.memory.measure("cpu") as forward:
+        y = model(x)
+    y.square().sum().backward()
+    return forward.retained_bytes - y.numel() * y.element_size()
+
+
+def test_compiled_producers_are_recomputed_as_eager_dropit_recomputes_them():
+    """Under torch.compile (inductor, default memory budget, which keeps what eager torch keeps)
+    the outputs of LayerNorm and GELU are computed again in backward, as eager dropit does: only
+    the producers' inputs stay held, and the gradients are dense."""
+    dense = ProducerStack()
+    model = copy.deepcopy(dense)
+    x = torch.randn(256, 64)
+    dropit.convert(model, gamma=0.9, example_input=x)
+    compiled = torch.compile(model, backend="inductor", fullgraph=True)
+    compiled_dense = torch.compile(copy.deepcopy(dense), backend="inductor", fullgraph=True)
+    for _ in range(2):  # the first step also allocates the gradients
+        held = held_after_forward(compiled, x)
+        dense_held = held_after_forward(compiled_dense, x)
+    width, rows = 256, 256
+    producer_inputs = 4 * rows * (width + 2 * width)  # the LayerNorm's and the GELU's
+    assert held <= producer_inputs + 4 * 2 * rows + 4096
+    assert held / dense_held <= 0.56
+    target = torch.randint(0, 64, (256,))
+    for a, e in zip(gradients(compiled, x, target), gradients(dense, x, target)):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 
 
 class SharedInput(nn.Module):
