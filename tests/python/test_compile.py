@@ -357,3 +357,25 @@ def test_selective_checkpointing_saves_the_caches_and_recomputes_the_rest():
     gelu_inputs = 3 * 128 * 256 * 4
     assert held["plain"] >= gelu_inputs + cache_bytes
     assert held["selective"] <= 1.25 * cache_bytes + 4096
+
+
+def test_functional_layers_with_policy_fields_compile_whole():
+    """dropit.functional's layers given policy fields (not a Policy made outside) trace with no
+    graph break, with eager's gradients; a bad field still fails, naming the value."""
+    torch.manual_seed(0)
+    x, image = torch.randn(8, 16), torch.randn(2, 3, 6, 6)
+    weight = torch.randn(4, 16, requires_grad=True)
+    kernel = torch.randn(5, 3, 3, 3, requires_grad=True)
+
+    def step(x, image, gamma):
+        y = dropit.functional.linear(x, weight, gamma=gamma, chunk_size=32)
+        z = dropit.functional.conv2d(image, kernel, padding=1, gamma=gamma, chunk_size=32)
+        return y.square().sum() + z.square().sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    actual = torch.autograd.grad(compiled(x, image, 0.5), (weight, kernel))
+    expected = torch.autograd.grad(step(x, image, 0.5), (weight, kernel))
+    for a, e in zip(actual, expected):
+        torch.testing.assert_close(a, e)
+    with pytest.raises(Exception, match=r"gamma = 1\.5 is outside \[0, 1\)"):
+        compiled(x, image, 1.5)
