@@ -47,3 +47,17 @@ class Sequence(nn.Module):
     def forward(self, x):
         h = self.signal(self.video(x).mean(dim=(3, 4))).transpose(1, 2)
         return self.head(self.encoder(h)).mean(dim=1)
+
+
+class ProducerStack(nn.Module):
+    """linear -> LayerNorm -> linear -> GELU -> linear: the last two layers read producers'
+    outputs."""
+
+    def __init__(self, width=256):
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.norm = nn.Linear(64, width), nn.LayerNorm(width)
+        self.b, self.act, self.c = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, 64)
+
+    def forward(self, x):
+        return self.c(self.act(self.b(self.norm(self.a(x)))))

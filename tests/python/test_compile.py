@@ -12,7 +12,8 @@ from torch.utils.checkpoint import (CheckpointPolicy, checkpoint,
                                     create_selective_checkpoint_contexts)
 
 import dropit
-from cases import Sequence
+from cases import ProducerStack, Sequence
+from savings import held_after_forward_and_step_peak
 
 ops = torch.ops.dropit
 
@@ -201,27 +202,6 @@ def test_compiled_transformer_block_caches_only_the_residual_stream():
     assert forward.count(ops.compress.default) == 1
 
 
-class ProducerStack(nn.Module):
-    """linear -> LayerNorm -> linear -> GELU -> linear."""
-
-    def __init__(self, width=256):
-        super().__init__()
-        torch.manual_seed(0)
-        self.a, self.norm = nn.Linear(64, width), nn.LayerNorm(width)
-        self.b, self.act, self.c = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, 64)
-
-    def forward(self, x):
-        return self.c(self.act(self.b(self.norm(self.a(x)))))
-
-
-def held_after_forward(model, x):
-    """Bytes the forward leaves allocated for backward, its output aside."""
-    with dropit.memory.measure("cpu") as forward:
-        y = model(x)
-    y.square().sum().backward()
-    return forward.retained_bytes - y.numel() * y.element_size()
-
-
 def test_compiled_producers_are_recomputed_as_eager_dropit_recomputes_them():
     """Under torch.compile (inductor, default memory budget, which keeps what eager torch keeps)
     the outputs of LayerNorm and GELU are computed again in backward, as eager dropit does: only
@@ -233,8 +213,8 @@ def test_compiled_producers_are_recomputed_as_eager_dropit_recomputes_them():
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
     compiled_dense = torch.compile(copy.deepcopy(dense), backend="inductor", fullgraph=True)
     for _ in range(2):  # the first step also allocates the gradients
-        held = held_after_forward(compiled, x)
-        dense_held = held_after_forward(compiled_dense, x)
+        held = held_after_forward_and_step_peak(compiled, x)[0]
+        dense_held = held_after_forward_and_step_peak(compiled_dense, x)[0]
     width, rows = 256, 256
     producer_inputs = 4 * rows * (width + 2 * width)  # the LayerNorm's and the GELU's
     assert held <= producer_inputs + 4 * 2 * rows + 4096

@@ -10,26 +10,12 @@ import torch
 from torch import nn
 
 import dropit
-
-
-class Stack(nn.Module):
-    """linear -> LayerNorm -> linear -> GELU -> linear."""
-
-    def __init__(self, width=256):
-        super().__init__()
-        torch.manual_seed(0)
-        self.a, self.norm = nn.Linear(64, width), nn.LayerNorm(width)
-        self.b, self.act, self.c = nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, 64)
-
-    def forward(self, x):
-        return self.c(self.act(self.b(self.norm(self.a(x)))))
+from cases import ProducerStack
+from savings import held_after_forward_and_step_peak
 
 
 def held_after_forward(model, x):
-    with dropit.memory.measure("cpu") as forward:
-        y = model(x)
-    y.square().sum().backward()
-    return forward.retained_bytes - y.numel() * y.element_size()
+    return held_after_forward_and_step_peak(model, x)[0]
 
 
 def gradients(model, x):
@@ -39,7 +25,7 @@ def gradients(model, x):
 
 
 def test_recomputed_layers_hold_only_the_producers_inputs_and_have_dense_gradients():
-    dense = Stack()
+    dense = ProducerStack()
     model = copy.deepcopy(dense)
     x = torch.randn(256, 64)
     report = dropit.convert(model, gamma=0.9, example_input=x)
@@ -62,7 +48,7 @@ def test_recomputed_layers_hold_only_the_producers_inputs_and_have_dense_gradien
 
 
 def test_a_producer_output_modified_in_place_is_cached_instead():
-    class Scaled(Stack):
+    class Scaled(ProducerStack):
         def forward(self, x):
             h = self.norm(self.a(x))
             h.mul_(2.0)
@@ -83,9 +69,9 @@ def test_a_producer_output_modified_in_place_is_cached_instead():
 
 def test_under_autocast_the_layer_caches():
     x = torch.randn(64, 64)
-    reference = Stack()
+    reference = ProducerStack()
     dropit.convert(reference, gamma=0.9, chunk_size=256, recompute=False, skip_first=False)
-    model = Stack()
+    model = ProducerStack()
     dropit.convert(model, gamma=0.9, chunk_size=256, skip_first=False)
     for m in (model, reference):
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -217,7 +203,7 @@ def test_layers_on_producer_outputs_recompute_in_cpp_unless_through_layers():
     rows = torch.randn(8, 64)
     for through_layers, node in ((False, "RecomputedInputLinearFunction"),
                                  (True, "RecomputedInputLinearBackward")):
-        model = Stack()
+        model = ProducerStack()
         dropit.convert(model, gamma=0.9, recompute_layers=through_layers)
         after_norm = model.b(model.norm(model.a(rows)))
         after_gelu = model.c(model.act(after_norm))
@@ -299,7 +285,7 @@ def test_a_convolution_caches_without_the_1_bit_relu_in_between():
 def test_recompute_layers_runs_the_middle_linear_layer_once_in_backward(monkeypatch):
     # The last linear layer recomputes the GELU's output through the one before it; the GELU takes
     # the input left on the way instead of running that layer again.
-    model = Stack()
+    model = ProducerStack()
     dropit.convert(model, gamma=0.9, recompute_layers=True)
     y = model(torch.randn(32, 64))
     calls = []
@@ -311,7 +297,7 @@ def test_recompute_layers_runs_the_middle_linear_layer_once_in_backward(monkeypa
 
 
 def test_recompute_layers_frees_the_gelu_input_with_dense_gradients():
-    dense = Stack()
+    dense = ProducerStack()
     model, default = copy.deepcopy(dense), copy.deepcopy(dense)
     x = torch.randn(256, 64)
     dropit.convert(model, gamma=0.9, recompute_layers=True)
