@@ -90,7 +90,9 @@ def produce_for_compiler(produce: Callable, input: torch.Tensor) -> torch.Tensor
     keeps anyway) instead of keeping it, as eager dropit recomputes it; marked as left to the
     compiler."""
     output = torch.utils.checkpoint.checkpoint(produce, input, use_reentrant=False)
-    return leave_to_compiler(output)
+    # Marked as a view made here: inside a user's own checkpoint region dynamo refuses to mark the
+    # nested checkpoint's output, a tensor of another region.
+    return leave_to_compiler(output.view_as(output))
 
 
 def left_to_compiler(input: torch.Tensor) -> bool:

@@ -238,6 +238,35 @@ class SharedInput(nn.Module):
         return self.head((self.body(x) + self.shortcut(x)).mean(dim=(2, 3)))
 
 
+class Checkpointed(nn.Module):
+    """``inner`` under torch.utils.checkpoint (non-reentrant), as users checkpoint a block."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return checkpoint(self.inner, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("make, example", [
+    (PreNormBlock, lambda: (torch.randn(3, 5, 16), torch.randint(0, 10, (3,)))),
+    (small_cnn, lambda: batch("cpu")),
+], ids=["transformer_block", "cnn"])
+def test_compiled_checkpointed_models_equal_eager_dropit(make, example):
+    """A converted block checkpointed by the user compiles whole (the producers' own checkpoints
+    nest in it) with eager dropit's gradients."""
+    eager = make()
+    dropit.convert(eager, gamma=0.9, chunk_size=64, skip_first=False)
+    compiled = torch.compile(Checkpointed(copy.deepcopy(eager)), backend="inductor",
+                             fullgraph=True)
+    x, target = example()
+    for _ in range(2):
+        actual, expected = gradients(compiled, x, target), gradients(eager, x, target)
+        for a, e in zip(actual, expected):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
 def test_compiled_layers_reading_one_input_keep_one_cache():
     """Two layers with a deterministic selection caching one input make the same compress call,
     which the compiler computes and keeps once; gradients equal eager dropit's."""
