@@ -89,6 +89,8 @@ def produce_for_compiler(produce: Callable, input: torch.Tensor) -> torch.Tensor
     partitioner recomputes the output in backward from ``input`` (which the producer's own backward
     keeps anyway) instead of keeping it, as eager dropit recomputes it; marked as left to the
     compiler."""
+    if not torch.is_grad_enabled():
+        return produce(input)
     output = torch.utils.checkpoint.checkpoint(produce, input, use_reentrant=False)
     # Marked as a view made here: inside a user's own checkpoint region dynamo refuses to mark the
     # nested checkpoint's output, a tensor of another region.

@@ -1,5 +1,6 @@
-"""``convert``: replaces the linear, convolution and attention layers (and ReLU) anywhere in a module
-tree by dropit layers that share their parameters, and reports what it did."""
+"""``convert``: replaces the linear, convolution and attention layers (and ReLU, the cheap producers
+and Dropout) anywhere in a module tree by dropit layers that share their parameters, and reports
+what it did."""
 
 import functools
 import re
@@ -115,7 +116,7 @@ class _Converter:
 
     def replacement_for(self, parent: nn.Module, child: nn.Module, name: str):
         kind = type(child).__name__
-        if isinstance(child, (dnn._CachingLayer, dnn._Producer, dnn.ReLU)):
+        if isinstance(child, (dnn._CachingLayer, dnn._Producer, dnn.ReLU, dnn.Dropout)):
             return self.skip(name, kind, "already a dropit layer")
         for left, reason in _LEFT:
             if isinstance(child, left):
@@ -289,7 +290,9 @@ def convert(model: nn.Module, gamma: float = 0.9, policy: str = "chunked_min_k",
     the 1-bit-mask ReLU when ``relu``, and every nn.LayerNorm, nn.BatchNorm2d, nn.GELU and nn.SiLU
     by a producer whose output a dropit linear or convolution layer reading it (directly or through
     the 1-bit-mask ReLU) recomputes in backward instead of caching (exact: the producer keeps its
-    input anyway) when ``recompute``. State dicts are unchanged.
+    input anyway) when ``recompute``, and then every nn.Dropout by one that returns its input
+    itself where it drops nothing (so that a producer's output passes a dropout of 0 under
+    torch.compile too). State dicts are unchanged.
 
     recompute_layers: recompute through a layer too: a linear or convolution layer whose input it
         recomputes marks its own output, and a producer reading that output keeps none of its input

@@ -124,6 +124,9 @@ def test_dropout_converts_and_drops_as_torchs():
     report = dropit.convert(model)
     assert [type(m) for m in model[1:]] == [dropit.nn.Dropout] * 2
     assert [layer.kind for layer in report.converted].count("Dropout") == 2
+    again = dropit.convert(model)
+    assert {layer.name: layer.reason for layer in again.skipped if layer.kind == "Dropout"} == {
+        "1": "already a dropit layer", "2": "already a dropit layer"}
     plain = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.3))
     dropit.convert(plain, recompute=False)
     assert type(plain[1]) is nn.Dropout
