@@ -43,8 +43,8 @@ def batch(device, channels_last=False):
 class GraphRecorder:
     """A torch.compile backend that keeps dynamo's graph and AOTAutograd's forward and backward
     graphs, then runs them as AOTAutograd compiled them (no code generation: fast).
-    ``inductor_partitioner``: split them with inductor's partitioner (which also merges identical calls), not the default
-    one."""
+    ``inductor_partitioner``: split them with inductor's partitioner (which also merges identical
+    calls), not the default one."""
 
     def __init__(self, inductor_partitioner=False):
         from torch._dynamo.backends.common import aot_autograd
