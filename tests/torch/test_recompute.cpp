@@ -680,11 +680,13 @@ namespace {
 constexpr std::int64_t attention_dim = 32, attention_heads = 4;
 
 /// LayerNorm -> the fused q, k, v projection -> SoftmaxAttention, as a transformer block begins.
-nn::Sequential make_normed_attention() {
+nn::Sequential make_normed_attention(bool only_through_layers = false) {
   ::torch::manual_seed(5);
-  return nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({attention_dim})),
-                        nn::Linear(attention_dim, 3 * attention_dim),
-                        dt::SoftmaxAttention(dt::SoftmaxAttentionOptions().recompute(false)));
+  return nn::Sequential(
+      nn::LayerNorm(nn::LayerNormOptions({attention_dim})),
+      nn::Linear(attention_dim, 3 * attention_dim),
+      dt::SoftmaxAttention(
+          dt::SoftmaxAttentionOptions().recompute(false).only_through_layers(only_through_layers)));
 }
 
 /// Its forward, through the Sequential's slots (whatever convert put there). As a transformer's
@@ -702,36 +704,76 @@ at::Tensor normed_attention_forward(nn::Sequential& block, const at::Tensor& x) 
 TEST_CASE(
     "torch: recompute_layers: SoftmaxAttention after LayerNorm -> projection keeps no q, k, v") {
   constexpr std::int64_t batch = 4, tokens = 9;
-  nn::Sequential dense = make_normed_attention(), converted = make_normed_attention(),
-                 through = make_normed_attention();
-  dt::convert(converted, ConvertOptions().skip_first(false));
-  const dt::ConvertReport report = dt::convert(
-      through, ConvertOptions().skip_first(false).dropit(DropitOptions().recompute_layers(true)));
-  CHECK(report.attention == std::vector<std::string>{"2"});
-  CHECK(through[2]->as<dt::SoftmaxAttention>()->recompute_layers);
+  // only_through_layers changes nothing here: q, k and v are computed again through the layer.
+  for (const bool only_through_layers : {false, true}) {
+    CAPTURE(only_through_layers);
+    nn::Sequential dense = make_normed_attention(), converted = make_normed_attention(),
+                   through = make_normed_attention(only_through_layers);
+    dt::convert(converted, ConvertOptions().skip_first(false));
+    const dt::ConvertReport report = dt::convert(
+        through, ConvertOptions().skip_first(false).dropit(DropitOptions().recompute_layers(true)));
+    CHECK((only_through_layers ? report.attention_through_layers : report.attention) ==
+          std::vector<std::string>{"2"});
+    CHECK(through[2]->as<dt::SoftmaxAttention>()->recompute_layers);
+    const auto forward_of = [](nn::Sequential& block) {
+      return [&](const at::Tensor& x) { return normed_attention_forward(block, x); };
+    };
+
+    const at::Tensor x = ::torch::randn({batch, tokens, attention_dim});
+    const auto held = [&](nn::Sequential& block) { return held_by_forward(forward_of(block), x); };
+    // Converted, the attention keeps the projection's output (q, k, v are views of it); recomputing
+    // through the projection, only LayerNorm's per-row statistics stay (its input is the caller's).
+    const std::int64_t projected_bytes = 4 * batch * tokens * 3 * attention_dim;
+    const std::int64_t statistics_bytes = 4 * batch * tokens * 2;
+    const std::int64_t converted_held = held(converted), through_held = held(through);
+    MESSAGE("held after forward: converted ", converted_held, " B, through the projection ",
+            through_held, " B");
+    CHECK(converted_held >= projected_bytes);
+    CHECK(through_held <= statistics_bytes + 4096);
+
+    // The projection runs once more in backward, on LayerNorm's output computed again (which the
+    // projection's own weight gradient takes too): the same kernels, gradients bit for bit.
+    std::vector<at::Tensor> got;
+    const int linears =
+        calls_while("aten::linear", [&] { got = gradients(*through, x, forward_of(through)); });
+    CHECK(linears == 2);
+    const std::vector<at::Tensor> want = gradients(*dense, x, forward_of(dense));
+    check_equal(got, want);
+    check_equal(gradients(*converted, x, forward_of(converted)), want);
+  }
+}
+
+TEST_CASE(
+    "torch: SoftmaxAttention with only_through_layers keeps its probabilities where q, k and v "
+    "stay") {
+  constexpr std::int64_t batch = 4, tokens = 9;
+  nn::Sequential dense = make_normed_attention(), recomputing = make_normed_attention(),
+                 keeping = make_normed_attention(/*only_through_layers=*/true);
+  dt::convert(recomputing, ConvertOptions().skip_first(false));
+  const dt::ConvertReport report = dt::convert(keeping, ConvertOptions().skip_first(false));
+  CHECK(report.attention.empty());
+  CHECK(report.attention_through_layers == std::vector<std::string>{"2"});
+  std::ostringstream printed;
+  printed << report;
+  CHECK(printed.str().find("~ 2: attention, its probabilities recomputed in backward with q, k and "
+                           "v through their projection (recompute_layers), else kept") !=
+        std::string::npos);
   const auto forward_of = [](nn::Sequential& block) {
     return [&](const at::Tensor& x) { return normed_attention_forward(block, x); };
   };
 
+  // Without recompute_layers it is torch's attention: it keeps the probabilities, which the
+  // attention recomputing them does not, and computes torch's gradients bit for bit.
   const at::Tensor x = ::torch::randn({batch, tokens, attention_dim});
   const auto held = [&](nn::Sequential& block) { return held_by_forward(forward_of(block), x); };
-  // Converted, the attention keeps the projection's output (q, k, v are views of it); recomputing
-  // through the projection, only LayerNorm's per-row statistics stay (its input is the caller's).
-  const std::int64_t projected_bytes = 4 * batch * tokens * 3 * attention_dim;
-  const std::int64_t statistics_bytes = 4 * batch * tokens * 2;
-  const std::int64_t converted_held = held(converted), through_held = held(through);
-  MESSAGE("held after forward: converted ", converted_held, " B, through the projection ",
-          through_held, " B");
-  CHECK(converted_held >= projected_bytes);
-  CHECK(through_held <= statistics_bytes + 4096);
-
-  // The projection runs once more in backward, on LayerNorm's output computed again (which the
-  // projection's own weight gradient takes too): the same kernels, gradients bit for bit.
+  const std::int64_t probability_bytes = 4 * batch * attention_heads * tokens * tokens;
+  const std::int64_t keeping_held = held(keeping), recomputing_held = held(recomputing);
+  MESSAGE("held after forward: keeping the probabilities ", keeping_held, " B, recomputing them ",
+          recomputing_held, " B");
+  CHECK(keeping_held - recomputing_held >= probability_bytes);
   std::vector<at::Tensor> got;
-  const int linears =
-      calls_while("aten::linear", [&] { got = gradients(*through, x, forward_of(through)); });
-  CHECK(linears == 2);
-  const std::vector<at::Tensor> want = gradients(*dense, x, forward_of(dense));
-  check_equal(got, want);
-  check_equal(gradients(*converted, x, forward_of(converted)), want);
+  const int softmaxes =
+      calls_while("aten::softmax", [&] { got = gradients(*keeping, x, forward_of(keeping)); });
+  CHECK(softmaxes == 1);  // the forward's only
+  check_equal(got, gradients(*dense, x, forward_of(dense)));
 }

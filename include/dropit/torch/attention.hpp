@@ -205,22 +205,30 @@ inline std::optional<attention_through_layer> attention_base_through_layer(bool 
 /// and autocast is off; torch's operations otherwise (under autocast, as torch's would cast them).
 /// With `recompute_layers`, where q, k and v are views of one output a layer computes again from
 /// a producer's sources (DropitOptions::recompute_layers), it keeps none of them either and runs
-/// that layer again in backward.
+/// that layer again in backward. With `only_through_layers`, it recomputes the probabilities only
+/// there, and elsewhere is torch's operations (SoftmaxAttentionOptions::only_through_layers).
 inline at::Tensor softmax_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                    bool recompute_layers = false) {
+                                    bool recompute_layers = false,
+                                    bool only_through_layers = false) {
   detail::check_attention_operands(q, k, v);
   const bool records =
       at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   if (!records || compat::autocast_dtype(q.device()))
     return detail::dense_softmax_attention(q, k, v);
-  return SoftmaxAttentionFunction::apply(
-      q, k, v, detail::attention_base_through_layer(recompute_layers, q, k, v));
+  auto through_layer = detail::attention_base_through_layer(recompute_layers, q, k, v);
+  if (!through_layer && only_through_layers) return detail::dense_softmax_attention(q, k, v);
+  return SoftmaxAttentionFunction::apply(q, k, v, std::move(through_layer));
 }
 
 struct SoftmaxAttentionOptions {
   /// Compute the probabilities again in backward (softmax_attention) rather than keep them
   /// (torch's operations).
   TORCH_ARG(bool, recompute) = true;
+  /// Recompute the probabilities only where q, k and v are computed again too, through the layer
+  /// that projects them (recompute_layers), and keep them elsewhere, as torch's operations do. For
+  /// short sequences: their probabilities are few bytes beside q, k and v, and computing them again
+  /// costs a batched product of many small matrices and a softmax.
+  TORCH_ARG(bool, only_through_layers) = false;
 };
 
 /// Softmax attention as a module (no parameters): forward(q, k, v). convert turns one with
@@ -232,13 +240,15 @@ class SoftmaxAttentionImpl : public ::torch::nn::Cloneable<SoftmaxAttentionImpl>
   void reset() override {}
 
   at::Tensor forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    if (options.recompute()) return softmax_attention(q, k, v, recompute_layers);
+    if (options.recompute())
+      return softmax_attention(q, k, v, recompute_layers, options.only_through_layers());
     detail::check_attention_operands(q, k, v);
     return detail::dense_softmax_attention(q, k, v);
   }
 
   void pretty_print(std::ostream& stream) const override {
-    stream << "dropit::torch::SoftmaxAttention(recompute=" << options.recompute() << ")";
+    stream << "dropit::torch::SoftmaxAttention(recompute=" << options.recompute()
+           << ", only_through_layers=" << options.only_through_layers() << ")";
   }
 
   SoftmaxAttentionOptions options;

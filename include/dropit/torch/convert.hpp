@@ -45,6 +45,10 @@ struct ConvertReport {
   /// SoftmaxAttention modules made to recompute their probabilities in backward
   /// (DropitOptions::recompute).
   std::vector<std::string> attention;
+  /// SoftmaxAttention modules built with only_through_layers (listed here, not above): they
+  /// recompute the probabilities only with q, k and v, through the projection (recompute_layers),
+  /// and keep them otherwise.
+  std::vector<std::string> attention_through_layers;
   /// Qualified name and the reason it caches nothing: left as it was, or the first layer, which
   /// keeps its input (skip_first).
   std::vector<std::pair<std::string, std::string>> skipped;
@@ -56,6 +60,10 @@ struct ConvertReport {
       out << "\n  ~ " << name << ": producer, its output recomputed by the dropit layer reading it";
     for (const auto& name : report.attention)
       out << "\n  ~ " << name << ": attention, its probabilities recomputed in backward";
+    for (const auto& name : report.attention_through_layers)
+      out << "\n  ~ " << name
+          << ": attention, its probabilities recomputed in backward with q, k and v through "
+             "their projection (recompute_layers), else kept";
     for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
     return out;
   }
@@ -231,7 +239,9 @@ class converter {
   }
 
   std::vector<std::string>& report_list(::torch::nn::Module& m) {
-    if (dynamic_cast<SoftmaxAttentionImpl*>(&m)) return report_.attention;
+    if (auto* attention = dynamic_cast<SoftmaxAttentionImpl*>(&m))
+      return attention->options.only_through_layers() ? report_.attention_through_layers
+                                                      : report_.attention;
     return is_producer(m) ? report_.producers : report_.converted;
   }
 

@@ -114,7 +114,7 @@ struct MemoryPlan {
       }
     }
     if (!plan.converted.converted.empty() || !plan.converted.producers.empty() ||
-        !plan.converted.attention.empty())
+        !plan.converted.attention.empty() || !plan.converted.attention_through_layers.empty())
       out << "\n" << plan.converted;
     out.flags(flags);
     return out;
@@ -508,12 +508,16 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
         return true;
     return false;
   };
-  for (const auto& name : full.converted)
-    if (converted_block(name)) plan.converted.converted.push_back(name);
-  for (const auto& name : full.producers)
-    if (converted_block(name)) plan.converted.producers.push_back(name);
-  for (const auto& name : full.attention)
-    if (converted_block(name)) plan.converted.attention.push_back(name);
+  const auto within_converted = [&](const std::vector<std::string>& names) {
+    std::vector<std::string> kept;
+    for (const auto& name : names)
+      if (converted_block(name)) kept.push_back(name);
+    return kept;
+  };
+  plan.converted.converted = within_converted(full.converted);
+  plan.converted.producers = within_converted(full.producers);
+  plan.converted.attention = within_converted(full.attention);
+  plan.converted.attention_through_layers = within_converted(full.attention_through_layers);
   for (const auto& skipped : full.skipped)
     if (converted_block(skipped.first)) plan.converted.skipped.push_back(skipped);
 
