@@ -5,8 +5,8 @@
 // swap; the modules' own forward code only wires those Sequentials together.
 
 #include <torch/torch.h>
+#include <dropit/torch.hpp>
 
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -110,7 +110,13 @@ TORCH_MODULE(ResNet);
 
 // --- ViT ---------------------------------------------------------------------------------------
 
-/// Multi-head self-attention from two Linear layers (fused q, k, v and the output projection).
+/// Multi-head self-attention from two Linear layers (fused q, k, v and the output projection)
+/// around dropit's SoftmaxAttention, softmax(q kᵀ / √d) v. Made with recompute(false) it is
+/// torch's operations, which keep q, k, v and the probabilities for backward. Converted, it keeps
+/// none of them where it recomputes through layers (the planner's recompute tool): backward runs
+/// the projection after LayerNorm again, and the probabilities. Elsewhere it keeps the
+/// probabilities (only_through_layers): 17 tokens make them few bytes, and computing them again
+/// is a batched product of many tiny matrices.
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(std::int64_t dim, std::int64_t heads) : heads_(heads) {
@@ -118,24 +124,27 @@ class AttentionImpl : public torch::nn::Module {
       throw std::invalid_argument("ViT: dim " + std::to_string(dim) + " is not divisible by " +
                                   std::to_string(heads) + " heads");
     qkv = register_module("qkv", torch::nn::Sequential(torch::nn::Linear(dim, 3 * dim)));
+    softmax = register_module(
+        "softmax",
+        torch::nn::Sequential(dropit::torch::SoftmaxAttention(
+            dropit::torch::SoftmaxAttentionOptions().recompute(false).only_through_layers(true))));
     proj = register_module("proj", torch::nn::Sequential(torch::nn::Linear(dim, dim)));
   }
 
   torch::Tensor forward(const torch::Tensor& x) {
     const std::int64_t batch = x.size(0), tokens = x.size(1), dim = x.size(2);
     const std::int64_t head_dim = dim / heads_;
-    // [B, T, 3D] -> [3, B, heads, T, head_dim]
+    // [B, T, 3D] -> [3, B, heads, T, head_dim]: q, k and v are views of the projection's output.
     const torch::Tensor parts =
         qkv->forward(x).reshape({batch, tokens, 3, heads_, head_dim}).permute({2, 0, 3, 1, 4});
-    const torch::Tensor q = parts[0], k = parts[1], v = parts[2];
-    const torch::Tensor scores =
-        torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(head_dim));
-    const torch::Tensor mixed = torch::matmul(scores.softmax(-1), v);  // [B, heads, T, head_dim]
+    // Through the Sequential's slot, which convert may have swapped.
+    const torch::Tensor mixed =
+        softmax->begin()->forward<torch::Tensor>(parts[0], parts[1], parts[2]);  // [B, H, T, d]
     // reshape of the transposed tensor copies it into the contiguous layout dropit caches.
     return proj->forward(mixed.transpose(1, 2).reshape({batch, tokens, dim}));
   }
 
-  torch::nn::Sequential qkv{nullptr}, proj{nullptr};
+  torch::nn::Sequential qkv{nullptr}, softmax{nullptr}, proj{nullptr};
 
  private:
   std::int64_t heads_;
