@@ -2,6 +2,7 @@
 // allocator, independently of the planner's own numbers), trains to the dense gradients where its
 // tools are exact, restores the running statistics it disturbed, and rejects bad requests clearly.
 
+#include <algorithm>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -50,6 +51,29 @@ std::int64_t held_after_step(nn::Sequential& model, const at::Tensor& x) {
   loss.backward();
   return held;
 }
+
+/// x + attention(LayerNorm(x)), the attention softmax(q kᵀ / √d) v on the heads of one fused
+/// projection: a SoftmaxAttention that recomputes its probabilities only through the projection.
+struct AttentionBlockImpl : nn::Module {
+  static constexpr std::int64_t dim = 16, heads = 2;
+  AttentionBlockImpl()
+      : norm(register_module("norm", nn::Sequential(nn::LayerNorm(nn::LayerNormOptions({dim}))))),
+        qkv(register_module("qkv", nn::Sequential(nn::Linear(dim, 3 * dim)))),
+        attention(register_module(
+            "attention",
+            nn::Sequential(dt::SoftmaxAttention(
+                dt::SoftmaxAttentionOptions().recompute(false).only_through_layers(true))))) {}
+  at::Tensor forward(const at::Tensor& x) {
+    const std::int64_t batch = x.size(0), tokens = x.size(1);
+    const at::Tensor parts = qkv->forward(norm->forward(x))
+                                 .reshape({batch, tokens, 3, heads, dim / heads})
+                                 .permute({2, 0, 3, 1, 4});
+    const at::Tensor mixed = attention->begin()->forward<at::Tensor>(parts[0], parts[1], parts[2]);
+    return x + mixed.transpose(1, 2).reshape(x.sizes());
+  }
+  nn::Sequential norm, qkv, attention;
+};
+TORCH_MODULE(AttentionBlock);
 
 std::vector<at::Tensor> buffers_of(nn::Module& model) {
   std::vector<at::Tensor> copies;
@@ -115,6 +139,50 @@ TEST_CASE("torch: plan_memory meets its budget, and the model it leaves trains a
       CAPTURE(i);
       CHECK(max_abs_diff(got[i], want[i]) <= 1e-4 * want[i].abs().max().item<double>());
     }
+  }
+}
+
+TEST_CASE(
+    "torch: plan_memory reports the attention that recomputes only through layers, per block") {
+  const at::Tensor x = ::torch::randn({4, 9, AttentionBlockImpl::dim});
+  const auto make = [] {
+    ::torch::manual_seed(6);
+    return nn::Sequential(AttentionBlock(), AttentionBlock(), AttentionBlock());
+  };
+  nn::Sequential model = make(), reference = make();
+  const dt::MemoryPlan plan = dt::plan_memory(
+      model, [&] { return model->forward(x).square().sum(); },
+      PlanOptions().budget(0.3).timing_rounds(1));
+  std::ostringstream printed;
+  printed << plan;
+  MESSAGE(printed.str());
+  CHECK(plan.met);
+  CHECK(plan.converted.attention.empty());
+  for (std::size_t b = 0; b < plan.blocks.size(); ++b) {
+    CAPTURE(b);
+    const bool converted =
+        plan.blocks[b].tool == block_tool::convert || plan.blocks[b].tool == block_tool::recompute;
+    const std::string name = std::to_string(b) + ".attention.0";
+    const auto& listed = plan.converted.attention_through_layers;
+    CHECK((std::find(listed.begin(), listed.end(), name) != listed.end()) == converted);
+    if (converted)
+      CHECK(printed.str().find("~ " + name + ": attention, its probabilities kept unless") !=
+            std::string::npos);
+  }
+  // Kept blocks list no attention.
+  nn::Sequential kept = make();
+  CHECK(dt::plan_memory(
+            kept, [&] { return kept->forward(x).square().sum(); },
+            PlanOptions().budget(1.0).timing_rounds(1))
+            .converted.attention_through_layers.empty());
+  // Every tool is exact here: the gradients are dense's.
+  const auto got = gradients(*model, x, [&](const at::Tensor& t) { return model->forward(t); });
+  const auto want =
+      gradients(*reference, x, [&](const at::Tensor& t) { return reference->forward(t); });
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(got[i], want[i]) <= 1e-5 * want[i].abs().max().item<double>());
   }
 }
 

@@ -755,8 +755,8 @@ TEST_CASE(
   CHECK(report.attention_through_layers == std::vector<std::string>{"2"});
   std::ostringstream printed;
   printed << report;
-  CHECK(printed.str().find("~ 2: attention, its probabilities recomputed in backward with q, k and "
-                           "v through their projection (recompute_layers), else kept") !=
+  CHECK(printed.str().find("~ 2: attention, its probabilities kept unless q, k and v are "
+                           "recomputed through their projection (recompute_layers)") !=
         std::string::npos);
   const auto forward_of = [](nn::Sequential& block) {
     return [&](const at::Tensor& x) { return normed_attention_forward(block, x); };

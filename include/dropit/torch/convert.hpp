@@ -62,8 +62,8 @@ struct ConvertReport {
       out << "\n  ~ " << name << ": attention, its probabilities recomputed in backward";
     for (const auto& name : report.attention_through_layers)
       out << "\n  ~ " << name
-          << ": attention, its probabilities recomputed in backward with q, k and v through "
-             "their projection (recompute_layers), else kept";
+          << ": attention, its probabilities kept unless q, k and v are recomputed through "
+             "their projection (recompute_layers)";
     for (const auto& [name, reason] : report.skipped) out << "\n  - " << name << ": " << reason;
     return out;
   }
@@ -135,7 +135,8 @@ class converter {
           report_.skipped.emplace_back(
               qualified, "a SoftmaxAttention held by a C++ member of " + parent.name() +
                              ", which convert cannot rebind, so it keeps its probabilities; hold "
-                             "it in a torch::nn::Sequential or build it with recompute(true)");
+                             "it in a torch::nn::Sequential (or, unless only_through_layers, "
+                             "build it with recompute(true))");
         } else if (is_producer(*replacement)) {
           report_.skipped.emplace_back(
               qualified, "a producer held by a C++ member of " + parent.name() +
