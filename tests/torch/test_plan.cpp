@@ -81,6 +81,20 @@ std::vector<at::Tensor> buffers_of(nn::Module& model) {
   return copies;
 }
 
+/// The gradients of `model` equal those of `reference` (the same weights, dense) on `x`, up to
+/// `tolerance` of each gradient's largest magnitude.
+void check_gradients_match(nn::Sequential& model, nn::Sequential& reference, const at::Tensor& x,
+                           double tolerance) {
+  const auto got = gradients(*model, x, [&](const at::Tensor& t) { return model->forward(t); });
+  const auto want =
+      gradients(*reference, x, [&](const at::Tensor& t) { return reference->forward(t); });
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    CAPTURE(i);
+    CHECK(max_abs_diff(got[i], want[i]) <= tolerance * want[i].abs().max().item<double>());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("torch: plan_memory meets its budget, and the model it leaves trains as dense") {
@@ -131,14 +145,7 @@ TEST_CASE("torch: plan_memory meets its budget, and the model it leaves trains a
     held_after_step(reference, x);
     check_equal(buffers_after, buffers_of(*reference));
 
-    const auto got = gradients(*model, x, [&](const at::Tensor& t) { return model->forward(t); });
-    const auto want =
-        gradients(*reference, x, [&](const at::Tensor& t) { return reference->forward(t); });
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < got.size(); ++i) {
-      CAPTURE(i);
-      CHECK(max_abs_diff(got[i], want[i]) <= 1e-4 * want[i].abs().max().item<double>());
-    }
+    check_gradients_match(model, reference, x, 1e-4);
   }
 }
 
@@ -176,14 +183,7 @@ TEST_CASE(
             PlanOptions().budget(1.0).timing_rounds(1))
             .converted.attention_through_layers.empty());
   // Every tool is exact here: the gradients are dense's.
-  const auto got = gradients(*model, x, [&](const at::Tensor& t) { return model->forward(t); });
-  const auto want =
-      gradients(*reference, x, [&](const at::Tensor& t) { return reference->forward(t); });
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    CAPTURE(i);
-    CHECK(max_abs_diff(got[i], want[i]) <= 1e-5 * want[i].abs().max().item<double>());
-  }
+  check_gradients_match(model, reference, x, 1e-5);
 }
 
 TEST_CASE("torch: plan_memory keeps everything at budget 1 and reports a budget it cannot meet") {
