@@ -52,9 +52,10 @@ def train_step(model, optimizer, x, y):
 
 
 def short_name(name):
-    """A dropit layer's backward node by its layer: the autograd node's C++ type is unreadable."""
-    match = re.search(r"CppNode<dropit::torch::basic_(\w+?)_function", name)
-    return f"backward of dropit::{match.group(1)}" if match else name
+    """A dropit layer's backward node by its layer: dropit::Conv2dBackward is the backward of
+    dropit::conv2d."""
+    match = re.search(r"dropit::(Linear|Conv2d|ReLU)Backward$", name)
+    return f"backward of dropit::{match.group(1).lower()}" if match else name
 
 
 def is_dropit(event):

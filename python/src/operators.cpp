@@ -209,15 +209,17 @@ struct operator_cache_ops {
     if (policy.call_key) cache.call_key = *policy.call_key;
     return cache;
   }
-  static void save(::torch::autograd::AutogradContext* ctx, const at::Tensor& weight,
-                   const operator_cache* cache) {
-    dt::detail::save_weight_and_cache(ctx, weight, cache, cache ? cache->call_key : at::Tensor());
+  /// Moves the cache's tensors (the call key last, where there is one) into `saved`, leaving its
+  /// layout in `cache`.
+  static void save(dt::detail::saved_tensors& saved, operator_cache& cache) {
+    dt::direct_cache_ops::save(saved, cache);
+    if (cache.call_key.defined()) saved.save(std::exchange(cache.call_key, at::Tensor()));
   }
-  static operator_cache load(::torch::autograd::AutogradContext* ctx,
-                             const ::torch::autograd::variable_list& saved) {
-    operator_cache cache;
-    static_cast<dt::saved_cache&>(cache) = dt::detail::load_cache(ctx, saved);
-    if (saved.size() == 4) cache.call_key = saved[3];
+  /// `cache` (what `save` left in it) with its tensors, `saved` from index `first` on.
+  static operator_cache load(operator_cache cache, const ::torch::autograd::variable_list& saved,
+                             std::size_t first) {
+    static_cast<dt::saved_cache&>(cache) = dt::direct_cache_ops::load(cache, saved, first);
+    if (saved.size() > first + 2) cache.call_key = saved[first + 2];
     return cache;
   }
   static at::Tensor densify(const operator_cache& cache) {
@@ -275,8 +277,7 @@ at::Tensor linear_autograd(const at::Tensor& input, const at::Tensor& weight,
   if (!caches(weight)) return at::linear(input, weight, bias);
   return raising_value_errors([&] {
     return dt::basic_linear_function<operator_cache_ops>::apply(
-        input, weight, dt::compat::optional_argument(bias.value_or(at::Tensor()), weight),
-        DROPIT_POLICY_OF_PARAMETERS);
+        input, weight, bias.value_or(at::Tensor()), DROPIT_POLICY_OF_PARAMETERS);
   });
 }
 
@@ -287,7 +288,7 @@ at::Tensor conv2d_autograd(const at::Tensor& input, const at::Tensor& weight,
   if (!caches(weight)) return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
   return raising_value_errors([&] {
     return dt::basic_conv2d_function<operator_cache_ops>::apply(
-        input, weight, dt::compat::optional_argument(bias.value_or(at::Tensor()), weight),
+        input, weight, bias.value_or(at::Tensor()),
         dt::conv2d_params_of(stride, padding, dilation, groups), DROPIT_POLICY_OF_PARAMETERS);
   });
 }
@@ -404,17 +405,16 @@ at::Tensor call_layer_after_producer(const at::Tensor& input, const at::Tensor& 
   recipe.relu = producer.relu;
   for (const auto& source : producer.sources)
     recomputable.sources.push_back(source.value_or(at::Tensor()));
-  const at::Tensor bias_argument =
-      dt::compat::optional_argument(bias.value_or(at::Tensor()), weight);
+  const at::Tensor bias_tensor = bias.value_or(at::Tensor());
   if (!convolution)
-    return dt::RecomputedInputLinearFunction::apply(input, weight, bias_argument, recomputable);
+    return dt::RecomputedInputLinearFunction::apply(input, weight, bias_tensor, recomputable);
   const std::vector<std::int64_t>& c = *convolution;
   dropit::detail::expect(c.size() == 7, "layer_after_producer: ", c.size(),
                          " convolution arguments; expected stride, padding and dilation (2 each) "
                          "and groups");
   const dropit::conv2d_params params =
       dt::conv2d_params_of({c[0], c[1]}, {c[2], c[3]}, {c[4], c[5]}, c[6]);
-  return dt::RecomputedInputConv2dFunction::apply(input, weight, bias_argument, params,
+  return dt::RecomputedInputConv2dFunction::apply(input, weight, bias_tensor, params,
                                                   recomputable);
 }
 

@@ -381,7 +381,50 @@ def test_eval_and_no_grad_run_the_dense_forward():
     y = layer(x)
     assert "linear_function" not in y.grad_fn.name()
     layer.train()
-    assert "dropit::torch::basic_linear_function" in layer(x).grad_fn.name()
+    assert layer(x).grad_fn.name() == "dropit::LinearBackward"
+
+
+NODE_CASES = {
+    # (layer, input, the tensors its node keeps: the weight and the cache's values and positions;
+    # the mask)
+    "linear": (lambda: dropit.nn.Linear(16, 8, gamma=0.5), (6, 16), 3),
+    "conv2d": (lambda: dropit.nn.Conv2d(3, 4, 3, padding=1, gamma=0.5), (2, 3, 8, 8), 3),
+    "relu": (lambda: dropit.nn.ReLU(), (6, 16), 1),
+}
+
+
+@pytest.mark.parametrize("name", NODE_CASES)
+def test_layer_nodes_keep_their_tensors_as_torchs_nodes_do(name):
+    make, shape, kept = NODE_CASES[name]
+    torch.manual_seed(0)
+    layer = make()
+    x = torch.randn(*shape, requires_grad=True)
+    inputs = [x, *layer.parameters()]
+    y = layer(x)
+    assert y.grad_fn.name() == f"dropit::{type(layer).__name__}Backward"
+    upstream = torch.randn_like(y)
+    expected = torch.autograd.grad(y, inputs, upstream)
+
+    # Saved-tensor hooks (checkpointing, offloading) see every tensor the node keeps, and the
+    # node computes from what they give back.
+    stored = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: stored.append(t) or len(stored) - 1,
+                                                  lambda index: stored[index]):
+        y = layer(x)
+    assert len(stored) == kept
+    # A retained graph gives the same gradients twice; a freed one refuses in torch's words.
+    for retain in (True, False):
+        got = torch.autograd.grad(y, inputs, upstream, retain_graph=retain)
+        for g, e in zip(got, expected):
+            assert torch.equal(g, e)
+    with pytest.raises(RuntimeError, match="second time"):
+        torch.autograd.grad(y, inputs, upstream)
+
+    # Forward-mode gradients through a node are refused, not silently dropped.
+    with torch.autograd.forward_ad.dual_level():
+        dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+        with pytest.raises(ValueError, match="no forward-mode gradient"):
+            layer(dual)
 
 
 def test_random_selection_draws_afresh_each_call():

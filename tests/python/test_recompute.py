@@ -187,13 +187,13 @@ def test_convolutions_after_batch_norm_and_relu_recompute_their_inputs(memory_fo
 def test_layers_on_producer_outputs_recompute_in_cpp_unless_through_layers():
     # The LibTorch adapters' C++ functions; through layers, the Python ones (which chain layers).
     x = torch.randn(4, 3, 12, 12)
-    for through_layers, node in ((False, "RecomputedInputConv2dFunction"),
+    for through_layers, node in ((False, "dropit::RecomputingConv2dBackward"),
                                  (True, "RecomputedInputConvolutionBackward")):
         model = conv_stack()
         dropit.convert(model, gamma=0.9, recompute_layers=through_layers, example_input=x)
         assert node in model[:4](x).grad_fn.name()  # conv, BatchNorm, ReLU, conv
     rows = torch.randn(8, 64)
-    for through_layers, node in ((False, "RecomputedInputLinearFunction"),
+    for through_layers, node in ((False, "dropit::RecomputingLinearBackward"),
                                  (True, "RecomputedInputLinearBackward")):
         model = ProducerStack()
         dropit.convert(model, gamma=0.9, recompute_layers=through_layers)

@@ -568,3 +568,35 @@ TEST_CASE("torch: eval mode and no-grad run the dense forward and cache nothing"
                 "weight gradient");
   }
 }
+
+TEST_CASE("torch: dropit's nodes repeat their gradients on a retained graph, refuse a freed one") {
+  ::torch::manual_seed(5);
+  ::torch::nn::Linear dense_linear(16, 8);
+  ::torch::nn::Conv2d dense_conv(::torch::nn::Conv2dOptions(3, 4, 3).padding(1));
+  dt::Linear linear(*dense_linear, DropitOptions().gamma(0.5));
+  dt::Conv2d conv(*dense_conv, DropitOptions().gamma(0.5));
+  dt::ReLU relu;
+  const at::Tensor xl = ::torch::randn({6, 16}).requires_grad_();
+  const at::Tensor xc = ::torch::randn({2, 3, 8, 8}).requires_grad_();
+  for (int layer = 0; layer < 3; ++layer) {
+    CAPTURE(layer);
+    const at::Tensor y = layer == 0 ? linear(xl) : layer == 1 ? conv(xc) : relu(xl);
+    REQUIRE(is_dropit_node(y));
+    std::vector<at::Tensor> inputs{layer == 1 ? xc : xl};
+    if (layer == 0) inputs.insert(inputs.end(), {linear->weight, linear->bias});
+    if (layer == 1) inputs.insert(inputs.end(), {conv->weight, conv->bias});
+    const at::Tensor upstream = ::torch::randn_like(y);
+    const auto first = ::torch::autograd::grad({y}, inputs, {upstream}, /*retain_graph=*/true);
+    const auto again = ::torch::autograd::grad({y}, inputs, {upstream});
+    REQUIRE(first.size() == inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      CAPTURE(i);
+      CHECK(same_values(first[i], again[i]));
+    }
+    // The graph is freed: the saved tensors are gone, and torch says so in its own words.
+    const std::string message =
+        error_message([&] { ::torch::autograd::grad({y}, inputs, {upstream}); });
+    CAPTURE(message);
+    CHECK(message.find("second time") != std::string::npos);
+  }
+}

@@ -164,12 +164,10 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
           return detail::layer_on_recomputed_input(
               *recomputable, detail::layer_recipe(detail::producer_recipe::kind::linear), weight,
               bias, [&](const detail::recomputable_input& saved) {
-                return RecomputedInputLinearFunction::apply(
-                    input, weight, compat::optional_argument(bias, weight), saved);
+                return RecomputedInputLinearFunction::apply(input, weight, bias, saved);
               });
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
-      return LinearFunction::apply(x, w, compat::optional_argument(b, w),
-                                   dropit.spec(-1, calls_++));
+      return LinearFunction::apply(x, w, b, dropit.spec(-1, calls_++));
     }
     return at::linear(input, weight, bias);
   }
@@ -224,12 +222,11 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
           return detail::layer_on_recomputed_input(
               *recomputable, detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
               weight, bias, [&](const detail::recomputable_input& saved) {
-                return RecomputedInputConv2dFunction::apply(
-                    input, weight, compat::optional_argument(bias, weight), params_, saved);
+                return RecomputedInputConv2dFunction::apply(input, weight, bias, params_,
+                                                            saved);
               });
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
-      return Conv2dFunction::apply(x, w, compat::optional_argument(b, w), params_,
-                                   dropit.spec(1, calls_++));
+      return Conv2dFunction::apply(x, w, b, params_, dropit.spec(1, calls_++));
     }
     return at::conv2d(input, weight, bias, torch_pair(params_.stride), torch_pair(params_.padding),
                       torch_pair(params_.dilation), params_.groups);

@@ -321,96 +321,97 @@ inline std::optional<recomputable_input> recipe_of_root(const at::Tensor& root,
   return recipe_of_marked(&marked_output::root, root, through_layers);
 }
 
-}  // namespace detail
+/// What a layer recomputing its input keeps for backward: its weight and the producer's sources
+/// (which the producer's own backward keeps anyway) as saved tensors, and the producer's recipe.
+struct recomputing_layer_state {
+  saved_tensors saved;  // the weight, then the producer's sources
+  producer_recipe recipe;
 
-namespace detail {
-
-/// Saves `weight`, then the producer's sources, and the recipe: what a layer with a recomputed
-/// input keeps.
-inline void save_weight_and_recipe(::torch::autograd::AutogradContext* ctx,
-                                   const at::Tensor& weight,
-                                   const recomputable_input& recomputable) {
-  recomputable.recipe.save(ctx);
-  ::torch::autograd::variable_list saved{weight};
-  saved.insert(saved.end(), recomputable.sources.begin(), recomputable.sources.end());
-  ctx->save_for_backward(saved);
-}
-
-/// The layer's input again, from what `save_weight_and_recipe` saved (`saved` holds the weight
-/// first).
-inline at::Tensor recompute_input(::torch::autograd::AutogradContext* ctx,
-                                  const ::torch::autograd::variable_list& saved) {
-  const at::NoGradGuard no_grad;
-  return producer_recipe::load(ctx).take_or_compute(
-      std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
-}
-
-}  // namespace detail
-
-/// y = x Wᵀ + b for an input a producer can compute again: saves the weight and the producer's
-/// sources (which the producer's own backward keeps anyway) and recomputes x for the weight
-/// gradient. The sources are not inputs of this function: x's gradient flows through x.
-struct RecomputedInputLinearFunction
-    : public ::torch::autograd::Function<RecomputedInputLinearFunction> {
-  /// `bias_argument`: the bias, or an empty tensor for none (see compat::optional_argument).
-  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias_argument,
-                            const detail::recomputable_input& recomputable) {
-    const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    detail::save_weight_and_recipe(ctx, weight, recomputable);
-    return at::linear(input, weight, bias);
+  void save(const at::Tensor& weight, const recomputable_input& recomputable) {
+    recipe = recomputable.recipe;
+    saved.save(weight);
+    for (const at::Tensor& source : recomputable.sources) saved.save(source);
   }
 
-  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
-                                                   ::torch::autograd::variable_list grads) {
-    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& weight = saved[0];
-    const at::Tensor& dz = grads[0];
-    const at::Tensor dz_rows = dz.reshape({-1, compat::static_sizes(dz).back()});
-    at::Tensor d_input, d_weight, d_bias;
-    if (ctx->needs_input_grad(0)) d_input = at::matmul(dz, weight);
-    if (ctx->needs_input_grad(1)) {
-      const at::Tensor input = detail::recompute_input(ctx, saved);
-      d_weight = dz_rows.t().mm(input.reshape({-1, compat::static_sizes(input).back()}));
+  /// The layer's input again, from `saved` (what `save` kept, unpacked).
+  at::Tensor recompute_input(const ::torch::autograd::variable_list& saved) const {
+    const at::NoGradGuard no_grad;
+    return recipe.take_or_compute(std::vector<at::Tensor>(saved.begin() + 1, saved.end()));
+  }
+};
+
+}  // namespace detail
+
+/// y = x Wᵀ + b for an input a producer can compute again: keeps the weight and the producer's
+/// sources and recomputes x for the weight gradient. The sources are not inputs of this node:
+/// x's gradient flows through x. `bias` may be undefined.
+struct RecomputedInputLinearFunction {
+  struct backward_state : detail::recomputing_layer_state {
+    static constexpr const char* name = "dropit::RecomputingLinearBackward";
+
+    ::torch::autograd::variable_list backward(const ::torch::autograd::Node& node,
+                                              const at::Tensor& dz,
+                                              const ::torch::autograd::variable_list& saved) const {
+      const at::Tensor& weight = saved[0];
+      const at::Tensor dz_rows = dz.reshape({-1, compat::static_sizes(dz).back()});
+      at::Tensor d_input, d_weight, d_bias;
+      if (node.task_should_compute_output(0)) d_input = at::matmul(dz, weight);
+      if (node.task_should_compute_output(1)) {
+        const at::Tensor input = recompute_input(saved);
+        d_weight = dz_rows.t().mm(input.reshape({-1, compat::static_sizes(input).back()}));
+      }
+      // A missing bias has no gradient edge, so the node computes no gradient for it.
+      if (node.task_should_compute_output(2)) d_bias = dz_rows.sum(0);
+      return {d_input, d_weight, d_bias};
     }
-    // A missing bias has no gradient edge: needs_input_grad(2) is false for it.
-    if (ctx->needs_input_grad(2)) d_bias = dz_rows.sum(0);
-    return {d_input, d_weight, d_bias, at::Tensor()};
+  };
+
+  static at::Tensor apply(const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor& bias, const detail::recomputable_input& recomputable) {
+    return detail::record_layer<backward_state>({input, weight, bias}, [&](backward_state& state) {
+      state.save(weight, recomputable);
+      return at::linear(input, weight, bias);
+    });
   }
 };
 
 /// Conv2d (zero padding) for an input a producer can compute again, as the linear one above. The
 /// backward is torch's own convolution backward on the recomputed input: the dense gradients.
-struct RecomputedInputConv2dFunction
-    : public ::torch::autograd::Function<RecomputedInputConv2dFunction> {
-  static at::Tensor forward(::torch::autograd::AutogradContext* ctx, const at::Tensor& input,
-                            const at::Tensor& weight, const at::Tensor& bias_argument,
-                            const conv2d_params& params,
-                            const detail::recomputable_input& recomputable) {
-    const at::Tensor bias = compat::from_optional_argument(bias_argument);
-    detail::save_value(ctx, "conv2d", detail::conv2d_call{compat::static_sizes(input), params});
-    detail::save_weight_and_recipe(ctx, weight, recomputable);
-    return at::conv2d(input, weight, bias, torch_pair(params.stride), torch_pair(params.padding),
-                      torch_pair(params.dilation), params.groups);
-  }
+struct RecomputedInputConv2dFunction {
+  struct backward_state : detail::recomputing_layer_state {
+    static constexpr const char* name = "dropit::RecomputingConv2dBackward";
+    std::vector<std::int64_t> input_sizes;
+    conv2d_params params;
 
-  static ::torch::autograd::variable_list backward(::torch::autograd::AutogradContext* ctx,
-                                                   ::torch::autograd::variable_list grads) {
-    const ::torch::autograd::variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& weight = saved[0];
-    const auto& [input_sizes, params] = detail::load_value<detail::conv2d_call>(ctx, "conv2d");
-    const bool want_input = ctx->needs_input_grad(0), want_weight = ctx->needs_input_grad(1);
-    const bool want_bias = ctx->needs_input_grad(2);
-    at::Tensor d_input, d_weight, d_bias;
-    if (want_weight) {  // torch's convolution backward, as the dense layer's, bias included
-      std::tie(d_input, d_weight, d_bias) =
-          dense_conv2d_backward(grads[0], detail::recompute_input(ctx, saved), weight, params,
-                                {want_input, true, want_bias});
-    } else if (want_input) {
-      d_input = conv2d_input_grad(grads[0].contiguous(), weight, input_sizes, params);
+    ::torch::autograd::variable_list backward(const ::torch::autograd::Node& node,
+                                              const at::Tensor& dz,
+                                              const ::torch::autograd::variable_list& saved) const {
+      const at::Tensor& weight = saved[0];
+      const bool want_input = node.task_should_compute_output(0);
+      const bool want_weight = node.task_should_compute_output(1);
+      const bool want_bias = node.task_should_compute_output(2);
+      at::Tensor d_input, d_weight, d_bias;
+      if (want_weight) {  // torch's convolution backward, as the dense layer's, bias included
+        std::tie(d_input, d_weight, d_bias) = dense_conv2d_backward(
+            dz, recompute_input(saved), weight, params, {want_input, true, want_bias});
+      } else if (want_input) {
+        d_input = conv2d_input_grad(dz.contiguous(), weight, input_sizes, params);
+      }
+      if (want_bias && !d_bias.defined()) d_bias = dz.sum({0, 2, 3});
+      return {d_input, d_weight, d_bias};
     }
-    if (want_bias && !d_bias.defined()) d_bias = grads[0].sum({0, 2, 3});
-    return {d_input, d_weight, d_bias, at::Tensor(), at::Tensor()};
+  };
+
+  static at::Tensor apply(const at::Tensor& input, const at::Tensor& weight,
+                          const at::Tensor& bias, const conv2d_params& params,
+                          const detail::recomputable_input& recomputable) {
+    return detail::record_layer<backward_state>({input, weight, bias}, [&](backward_state& state) {
+      state.input_sizes = compat::static_sizes(input);
+      state.params = params;
+      state.save(weight, recomputable);
+      return at::conv2d(input, weight, bias, torch_pair(params.stride),
+                        torch_pair(params.padding), torch_pair(params.dilation), params.groups);
+    });
   }
 };
 
