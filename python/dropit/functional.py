@@ -30,9 +30,12 @@ _linear, _conv2d, _relu = _ops.linear.default, _ops.conv2d.default, _ops.relu.de
 _DIRECT = {_linear: _C.linear, _conv2d: _C.conv2d}
 
 
-def _direct(tensors) -> bool:
-    """Whether a layer's call on ``tensors`` may take the direct entry of its operator."""
-    return not (torch.compiler.is_compiling() or torch.overrides.has_torch_function(tensors))
+def _direct(tensors, compiling: Optional[bool] = None) -> bool:
+    """Whether a layer's call on ``tensors`` may take the direct entry of its operator
+    (``compiling``: what torch.compiler.is_compiling() says, where the caller asked already)."""
+    if compiling is None:
+        compiling = torch.compiler.is_compiling()
+    return not (compiling or torch.overrides.has_torch_function(tensors))
 
 
 def _policy_of(dropit_policy: Optional[Policy], fields: dict) -> Policy:
