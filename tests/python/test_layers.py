@@ -420,6 +420,13 @@ def test_layer_nodes_keep_their_tensors_as_torchs_nodes_do(name):
     with pytest.raises(RuntimeError, match="second time"):
         torch.autograd.grad(y, inputs, upstream)
 
+    # torch.autograd.graph's node creation hooks, where torch has them, see the node.
+    if hasattr(torch.autograd.graph, "node_creation_hook"):
+        created = []
+        with torch.autograd.graph.node_creation_hook(lambda node: created.append(node.name())):
+            layer(x)
+        assert f"dropit::{type(layer).__name__}Backward" in created
+
     # Forward-mode gradients through a node are refused, not silently dropped.
     with torch.autograd.forward_ad.dual_level():
         dual = torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
