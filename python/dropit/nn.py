@@ -656,7 +656,7 @@ class ReLU(nn.ReLU):
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         if not (torch.is_grad_enabled() and input.requires_grad):
             return F.relu(input, inplace=self.inplace)
-        compiling = torch.compiler.is_compiling()  # asked once (about 0.2 µs a call)
+        compiling = torch.compiler.is_compiling()  # asked once: a Python call of its own
         if compiling and _reuse.left_to_compiler(input):
             # no mask: the compiler fuses it with the producer
             return _reuse.leave_to_compiler(F.relu(input))

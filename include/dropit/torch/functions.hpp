@@ -160,13 +160,13 @@ struct basic_conv2d_function {
     static constexpr const char* name = "dropit::Conv2dBackward";
     detail::saved_tensors saved;  // the weight, then the cache's tensors where W needs a gradient
     typename CacheOps::cache_type cache;  // its layout
-    std::vector<std::int64_t> input_sizes;
-    conv2d_params params;
+    detail::conv2d_call call;
 
     ::torch::autograd::variable_list backward(const ::torch::autograd::Node& node,
                                               const at::Tensor& dz_as_given,
                                               const ::torch::autograd::variable_list& saved) const {
       const at::Tensor& weight = saved[0];
+      const auto& [input_sizes, params] = call;
       // Contiguous, unlike linear's: torch's 16-bit convolution kernels round differently in
       // another memory format, and the gradients must not depend on the format dZ arrives in.
       const at::Tensor dz = dz_as_given.contiguous();
@@ -203,15 +203,14 @@ struct basic_conv2d_function {
                           const typename CacheOps::policy_type& spec) {
     dropit::detail::expect(input.defined(), "conv2d input is an undefined tensor");
     return detail::record_layer<backward_state>({input, weight, bias}, [&](backward_state& state) {
-      state.input_sizes = compat::static_sizes(input);
-      dropit::detail::expect(state.input_sizes.size() == 4,
+      state.call = {compat::static_sizes(input), params};
+      const std::vector<std::int64_t>& input_sizes = state.call.input_sizes;
+      dropit::detail::expect(input_sizes.size() == 4,
                              "conv2d input must be [N, C, H, W], got shape ",
-                             dropit::shape(state.input_sizes));
+                             dropit::shape(input_sizes));
       const std::int64_t weight_channels = compat::static_sizes(weight).at(1) * params.groups;
-      dropit::detail::expect(state.input_sizes[1] == weight_channels, "conv2d input has ",
-                             state.input_sizes[1], " channels; the weight expects ",
-                             weight_channels);
-      state.params = params;
+      dropit::detail::expect(input_sizes[1] == weight_channels, "conv2d input has ",
+                             input_sizes[1], " channels; the weight expects ", weight_channels);
       state.saved.save(weight);
       if (weight.requires_grad()) {
         state.cache = CacheOps::compress(input, spec);

@@ -15,16 +15,13 @@
 #include <ATen/FuncTorchTLS.h>
 #endif
 
-#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "../config.hpp"
-#include "compat.hpp"
 
 namespace dropit::torch::detail {
 
@@ -32,7 +29,6 @@ namespace dropit::torch::detail {
 class saved_tensors {
  public:
   void save(const at::Tensor& tensor) { saved_.emplace_back(tensor, /*is_output=*/false); }
-  std::size_t size() const { return saved_.size(); }
   ::torch::autograd::variable_list unpack() const {
     ::torch::autograd::variable_list tensors;
     tensors.reserve(saved_.size());

@@ -380,13 +380,13 @@ struct RecomputedInputLinearFunction {
 struct RecomputedInputConv2dFunction {
   struct backward_state : detail::recomputing_layer_state {
     static constexpr const char* name = "dropit::RecomputingConv2dBackward";
-    std::vector<std::int64_t> input_sizes;
-    conv2d_params params;
+    detail::conv2d_call call;
 
     ::torch::autograd::variable_list backward(const ::torch::autograd::Node& node,
                                               const at::Tensor& dz,
                                               const ::torch::autograd::variable_list& saved) const {
       const at::Tensor& weight = saved[0];
+      const auto& [input_sizes, params] = call;
       const bool want_input = node.task_should_compute_output(0);
       const bool want_weight = node.task_should_compute_output(1);
       const bool want_bias = node.task_should_compute_output(2);
@@ -406,8 +406,7 @@ struct RecomputedInputConv2dFunction {
                           const at::Tensor& bias, const conv2d_params& params,
                           const detail::recomputable_input& recomputable) {
     return detail::record_layer<backward_state>({input, weight, bias}, [&](backward_state& state) {
-      state.input_sizes = compat::static_sizes(input);
-      state.params = params;
+      state.call = {compat::static_sizes(input), params};
       state.save(weight, recomputable);
       return at::conv2d(input, weight, bias, torch_pair(params.stride),
                         torch_pair(params.padding), torch_pair(params.dilation), params.groups);
