@@ -36,7 +36,9 @@ const ref::rate some_rates[] = {{0.0, 0, 1}, {0.29, 29, 100}, {0.5, 1, 2},
 TEST_CASE_TEMPLATE("min-k keeps the k largest magnitudes of the whole tensor", T, float, half,
                    bfloat16) {
   std::uint64_t seed = 1;
-  for (std::int64_t n : {1, 2, 3, 10, 33, 100, 1000, 5000})
+  // Around each change of selection method: ordering a copy up to 512 keys, a radix histogram
+  // beyond, a sampled bracket from 4096.
+  for (std::int64_t n : {1, 2, 3, 10, 33, 100, 512, 513, 1000, 4095, 4096, 5000})
     for (const ref::rate& r : some_rates) {
       CAPTURE(n);
       CAPTURE(r.gamma);

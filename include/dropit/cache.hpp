@@ -17,6 +17,7 @@
 /// For min-k the smaller of bitmask and offsets is chosen (bitmask on a tie).
 
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -235,6 +236,15 @@ namespace detail {
 /// valid, and every derived field is exactly what `plan_cache` gives for its own policy, shape and
 /// type. Counts, encodings and sizes that disagree would make readers index outside the buffers.
 inline void validate_layout(const cache_layout& layout) {
+  // A layer's call validates its one layout at every API boundary it crosses (several per call, a
+  // planning each): the last few layouts found valid on this thread are recognised by comparison.
+  struct recent_layouts {
+    std::array<cache_layout, 4> entries{};
+    std::size_t filled = 0, next = 0;
+  };
+  thread_local recent_layouts recent;
+  for (std::size_t i = 0; i < recent.filled; ++i)
+    if (recent.entries[i] == layout) return;
   expect(static_cast<int>(layout.type) <= static_cast<int>(element_type::bfloat16),
          "cache layout element type ", static_cast<int>(layout.type),
          " is unknown; expected 0 (float32), 1 (float16) or 2 (bfloat16)");
@@ -265,6 +275,9 @@ inline void validate_layout(const cache_layout& layout) {
   expect_field("channels", layout.channels, planned.channels);
   expect_field("inner", layout.inner, planned.inner);
   expect_field("kept_channels", layout.kept_channels, planned.kept_channels);
+  recent.entries[recent.next] = layout;
+  recent.next = (recent.next + 1) % recent.entries.size();
+  recent.filled = std::min(recent.filled + 1, recent.entries.size());
 }
 
 /// A valid layout (see `validate_layout`) of element type `T`.

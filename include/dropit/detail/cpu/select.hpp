@@ -52,9 +52,9 @@ struct radix_histogram {
   }
 };
 
-/// Candidates up to which a partial sort of a copy beats the histogram: clearing and scanning its
-/// 2 x 2048 bins costs about a microsecond, what ordering about a hundred keys costs.
-inline constexpr std::int64_t small_select = 128;
+/// Candidates up to which selecting in a copy (std::nth_element) beats the histogram: clearing,
+/// filling and scanning its 2 x 2048 bins costs about what nth_element costs on 500-700 keys.
+inline constexpr std::int64_t small_select = 512;
 
 /// The bin of a histogram (anything with `operator[](bin)` and `top`) that holds the k-th largest
 /// key, and how many keys lie in the bins above it.
