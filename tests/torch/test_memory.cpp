@@ -1,5 +1,7 @@
 // MemoryMeter, and the peak memory of real training steps measured at the allocator.
 
+#include <cstring>
+
 #include "torch_helpers.hpp"
 
 namespace {
@@ -12,6 +14,30 @@ namespace nn = ::torch::nn;
 constexpr double MiB = 1024.0 * 1024.0;
 
 }  // namespace
+
+TEST_CASE("torch: an operation's workspace is its own, nested or large, and none for 0 bytes") {
+  const at::Tensor cpu_tensor = at::zeros({1});
+  const auto disjoint = [](dropit::workspace a, dropit::workspace b) {
+    return a.data() + a.size() <= b.data() || b.data() + b.size() <= a.data();
+  };
+  const dt::scoped_workspace none(0, cpu_tensor);
+  CHECK(none.span().empty());
+  constexpr std::size_t small = 4096;
+  const dt::scoped_workspace outer(small, cpu_tensor);
+  REQUIRE(outer.span().size() == small);
+  {
+    const dt::scoped_workspace nested(small, cpu_tensor);
+    REQUIRE(nested.span().size() == small);
+    CHECK(disjoint(outer.span(), nested.span()));
+  }
+  const std::size_t large = dt::scoped_workspace::thread_buffer_bytes + 1;
+  const dt::scoped_workspace big(large, cpu_tensor);
+  REQUIRE(big.span().size() == large);
+  CHECK(disjoint(outer.span(), big.span()));
+  // Every byte is writable (AddressSanitizer would see a write outside).
+  std::memset(outer.span().data(), 1, small);
+  std::memset(big.span().data(), 1, large);
+}
 
 TEST_CASE("torch: MemoryMeter counts the bytes of live tensors and their peak") {
   dt::MemoryMeter meter;

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -124,17 +125,50 @@ tensor_view<T> mutable_view(at::Tensor& t, const char* what) {
   return {const_cast<T*>(view.data), view.shape};
 }
 
-/// Workspace memory from torch's allocator on `like`'s device; none (an undefined tensor) for zero
-/// bytes, which most CPU operations need.
-inline at::Tensor allocate_workspace(std::size_t bytes, const at::Tensor& like) {
-  if (bytes == 0) return {};
-  return at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
-}
+/// Workspace memory for one operation on `like`'s device, held until the end of the scope: none for
+/// zero bytes (what most CPU operations need); a small CPU request from a buffer the thread keeps
+/// for it (the general allocator's path for a few kilobytes costs a small layer's call more than
+/// its kernel does); else from torch's allocator.
+class scoped_workspace {
+ public:
+  /// The most bytes the thread's buffer serves.
+  static constexpr std::size_t thread_buffer_bytes = std::size_t{64} << 10;
 
-inline workspace span_of(at::Tensor& memory) {
-  if (!memory.defined()) return {};
-  return {static_cast<std::byte*>(memory.data_ptr()), static_cast<std::size_t>(memory.numel())};
-}
+  scoped_workspace(std::size_t bytes, const at::Tensor& like) {
+    if (bytes == 0) return;
+    thread_buffer& buffer = buffer_of_this_thread();
+    if (like.is_cpu() && bytes <= thread_buffer_bytes && !buffer.in_use) {
+      buffer.in_use = true;  // an operation nested in this one allocates its own
+      if (!buffer.memory) buffer.memory = std::make_unique<std::byte[]>(thread_buffer_bytes);
+      borrowed_ = &buffer;
+      memory_ = {buffer.memory.get(), bytes};
+      return;
+    }
+    tensor_ = at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
+    memory_ = {static_cast<std::byte*>(tensor_.data_ptr()), bytes};
+  }
+  ~scoped_workspace() {
+    if (borrowed_) borrowed_->in_use = false;
+  }
+  scoped_workspace(const scoped_workspace&) = delete;
+  scoped_workspace& operator=(const scoped_workspace&) = delete;
+
+  workspace span() const { return memory_; }
+
+ private:
+  struct thread_buffer {
+    std::unique_ptr<std::byte[]> memory;
+    bool in_use = false;
+  };
+  static thread_buffer& buffer_of_this_thread() {
+    thread_local thread_buffer buffer;
+    return buffer;
+  }
+
+  thread_buffer* borrowed_ = nullptr;
+  at::Tensor tensor_;
+  workspace memory_{};
+};
 
 /// A compact cache whose buffers are torch tensors.
 struct saved_cache {
@@ -246,12 +280,11 @@ inline saved_cache compress_planned(const at::Tensor& input, const cache_layout&
   on_device_of(input, "compress input", [&](const auto& backend) {
     visit_dtype(input.scalar_type(), "compress input", [&](auto tag) {
       using T = decltype(tag);
-      at::Tensor memory =
-          allocate_workspace(compress_workspace_bytes<T>(backend, result.layout), input);
+      const scoped_workspace memory(compress_workspace_bytes<T>(backend, result.layout), input);
       dropit::compress<T>(backend, const_view<T>(input, "compress input"),
                           cache_view<T>{result.layout, static_cast<T*>(result.values.data_ptr()),
                                         result.positions.data_ptr()},
-                          span_of(memory));
+                          memory.span());
     });
   });
   return result;
@@ -331,10 +364,9 @@ inline at::Tensor densify(const saved_cache& cache) {
   on_device_of(cache.values, "cache", [&](const auto& backend) {
     visit_dtype(out.scalar_type(), "cache", [&](auto tag) {
       using T = decltype(tag);
-      at::Tensor memory =
-          allocate_workspace(densify_workspace_bytes<T>(backend, cache.layout), out);
+      const scoped_workspace memory(densify_workspace_bytes<T>(backend, cache.layout), out);
       dropit::densify<T>(backend, cache.view<T>(), mutable_view<T>(out, "densify output"),
-                         span_of(memory));
+                         memory.span());
     });
   });
   return out;
@@ -541,12 +573,12 @@ inline at::Tensor linear_weight_grad(const saved_cache& input, const at::Tensor&
   on_device_of(dz, "dZ", [&](const auto& backend) {
     visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
       using T = decltype(tag);
-      at::Tensor memory = allocate_workspace(
+      const scoped_workspace memory(
           linear_weight_grad_workspace_bytes<T>(backend, input.layout, shape_of(dz), shape_of(dw)),
           dz);
       dropit::linear_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz_dense, "dZ"),
                                     mutable_view<T>(dw, "dW"), grad_mode::overwrite,
-                                    span_of(memory));
+                                    memory.span());
     });
   });
   return dw;
@@ -640,13 +672,12 @@ inline at::Tensor conv2d_weight_grad(const saved_cache& input, const at::Tensor&
   on_device_of(dz, "dZ", [&](const auto& backend) {
     visit_dtype(dz.scalar_type(), "dZ", [&](auto tag) {
       using T = decltype(tag);
-      at::Tensor memory =
-          allocate_workspace(conv2d_weight_grad_workspace_bytes<T>(
-                                 backend, input.layout, shape_of(dz), shape_of(dw), params),
-                             dz);
+      const scoped_workspace memory(conv2d_weight_grad_workspace_bytes<T>(
+                                        backend, input.layout, shape_of(dz), shape_of(dw), params),
+                                    dz);
       dropit::conv2d_weight_grad<T>(backend, input.view<T>(), const_view<T>(dz_dense, "dZ"),
                                     mutable_view<T>(dw, "dW"), params, grad_mode::overwrite,
-                                    span_of(memory));
+                                    memory.span());
     });
   });
   return dw;
