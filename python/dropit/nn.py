@@ -96,8 +96,8 @@ class _CachingLayer:
         """Whether this call is the common one, which the operator's direct entry serves alone:
         eager, on plain tensors, no key to draw, and an input that is no view (of attention's
         output) and no producer's output (see _reuse)."""
-        return (functional._direct((input, *parameters)) and not self._draws_keys
-                and input._base is None and not _reuse.carries_recipe(input))
+        return (not self._draws_keys and input._base is None and not _reuse.carries_recipe(input)
+                and functional._direct((input, *parameters)))
 
     @classmethod
     def from_dense(cls, dense: nn.Module, dropit_policy: Optional[Policy] = None, **fields):
@@ -230,9 +230,20 @@ class _Convolution(_CachingLayer):
             return [(input, False)]
         return [(self._padded(input)[0], True)]
 
+    def _direct_forward(self, input: torch.Tensor, weight, bias) -> Optional[torch.Tensor]:
+        """The common call (batched, zero-padded, on an input that is no producer's output) through
+        the operator's direct entry, as Linear's; None where it is not that call."""
+        return None
+
     def forward(self, input: torch.Tensor) -> torch.Tensor:
         weight, bias = _weight_and_bias(self)
-        if not self._caches(weight) or _reuse.left_to_compiler(input):
+        if not self._caches(weight):
+            return self._conv_forward(input, weight, bias)
+        if not _reuse.carries_recipe(input):  # (a producer's output takes the path below)
+            output = self._direct_forward(input, weight, bias)
+            if output is not None:
+                return output
+        if _reuse.left_to_compiler(input):
             return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
         if input.dim() == dims + 1:  # unbatched, as torch accepts
@@ -267,6 +278,13 @@ class Conv1d(_Convolution, nn.Conv1d):
 
 class Conv2d(_Convolution, nn.Conv2d):
     """``torch.nn.Conv2d`` that caches its input compactly."""
+
+    def _direct_forward(self, input: torch.Tensor, weight, bias) -> Optional[torch.Tensor]:
+        if (input.dim() == 4 and self.padding_mode == "zeros" and not isinstance(self.padding, str)
+                and self._plain_call(input, weight, bias)):
+            return _C.conv2d(input, weight, bias, self.stride, self.padding, self.dilation,
+                             self.groups, self._policy_arguments, None)
+        return None
 
     def _convolve(self, input: torch.Tensor, weight, bias, padding) -> torch.Tensor:
         return self._call(functional._conv2d, input, weight, bias, self.stride, padding,
