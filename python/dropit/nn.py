@@ -96,8 +96,8 @@ class _CachingLayer:
         """Whether this call is the common one, which the operator's direct entry serves alone:
         eager, on plain tensors, no key to draw, and an input that is no view (of attention's
         output) and no producer's output (see _reuse)."""
-        return (not self._draws_keys and input._base is None and not _reuse.carries_recipe(input)
-                and functional._direct((input, *parameters)))
+        return (not self._draws_keys and not _reuse.carries_recipe(input)
+                and functional._direct((input, *parameters)) and input._base is None)
 
     @classmethod
     def from_dense(cls, dense: nn.Module, dropit_policy: Optional[Policy] = None, **fields):
