@@ -69,3 +69,33 @@ def test_profile_counts_one_call_per_converted_layer_each_way(device):
     if device.type == "cpu":
         dropit_rows = [row for row in differences if row[0] == "dropit::conv2d"]
         assert dropit_rows and dropit_rows[0][2] == (0, 0.0) and dropit_rows[0][3][0] == 19
+
+
+def test_kernels_inductor_generates_are_named_by_what_they_fuse():
+    assert profile_step.kernel_name("graph_1_cpp_fused_add_relu_7") == "fused_add_relu"
+    assert profile_step.kernel_name("triton_poi_fused_add_relu_12") == "fused_add_relu"
+    assert profile_step.kernel_name("graph_0_cpp_fused__native_batch_norm_legit_functional_3") \
+        == "fused__native_batch_norm_legit_functional"
+    assert profile_step.kernel_name("## Call CompiledFxGraph f2h7k733y5 ##") == \
+        "compiled graph call"
+    for kept in ("aten::convolution", "dropit::compress", "void at::native::copy_kernel_1"):
+        assert profile_step.kernel_name(kept) == kept
+
+
+def test_compiled_profile_finds_the_generated_kernels_and_dropit_operators(monkeypatch):
+    monkeypatch.setattr(torch._inductor.config.cpp, "enable_kernel_profile", True)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(), torch.nn.Linear(8, 10))
+    x, y = torch.randn(2, 3, 16, 16), torch.randint(0, 10, (2,))
+    dropit.convert(model, gamma=0.9, example_input=x)
+    run = profile_step.profiled_step(torch.compile(model, fullgraph=True), x, y, "cpu", warmup=1)
+    by_name = profile_step.time_by_name(run, "cpu")
+    # The graphs' own kernels, by what they fuse; dropit's operators called from them.
+    assert any(name.startswith("fused_") for name in by_name)
+    assert not any(name.startswith("graph_") for name in by_name)
+    assert {"dropit::compress", "dropit::relu_with_mask"} <= set(by_name)
+    text = profile_step.report("cnn", "batch 2, 16²", "cpu", 0.9, run, run, compiled=True)
+    assert "both under torch.compile(fullgraph=True)" in text.splitlines()[0]
