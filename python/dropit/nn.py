@@ -239,10 +239,9 @@ class _Convolution(_CachingLayer):
         weight, bias = _weight_and_bias(self)
         if not self._caches(weight):
             return self._conv_forward(input, weight, bias)
-        if not _reuse.carries_recipe(input):  # (a producer's output takes the path below)
-            output = self._direct_forward(input, weight, bias)
-            if output is not None:
-                return output
+        output = self._direct_forward(input, weight, bias)
+        if output is not None:
+            return output
         if _reuse.left_to_compiler(input):
             return self._conv_forward(input, weight, bias)
         dims = len(self.kernel_size)
@@ -280,8 +279,9 @@ class Conv2d(_Convolution, nn.Conv2d):
     """``torch.nn.Conv2d`` that caches its input compactly."""
 
     def _direct_forward(self, input: torch.Tensor, weight, bias) -> Optional[torch.Tensor]:
-        if (input.dim() == 4 and self.padding_mode == "zeros" and not isinstance(self.padding, str)
-                and self._plain_call(input, weight, bias)):
+        # The plain call first: a producer's output leaves it at its second test.
+        if (self._plain_call(input, weight, bias) and input.dim() == 4
+                and self.padding_mode == "zeros" and not isinstance(self.padding, str)):
             return _C.conv2d(input, weight, bias, self.stride, self.padding, self.dilation,
                              self.groups, self._policy_arguments, None)
         return None
