@@ -78,6 +78,74 @@ TEST_CASE_TEMPLATE("ReLU forward with its mask: relu(x) and the mask of relu(x) 
   }
 }
 
+// A channels-last tensor's mask is its logical order's: bit (n, c, p) of N x C x P at
+// (n * C + c) * P + p, while the elements lie at (n * P + p) * C + c.
+TEST_CASE_TEMPLATE("ReLU mask of a channels-last tensor is in its logical order", T, float, half,
+                   bfloat16) {
+  struct case_dims {
+    std::int64_t images, channels, height, width;
+  };
+  // Planes that start mid-word; tiles of channels cut short; one channel; a plane split over
+  // work items (3 channels: 43 680 pixels an item); empty.
+  for (const case_dims d : {case_dims{3, 70, 7, 5}, case_dims{2, 130, 9, 9}, case_dims{5, 1, 3, 11},
+                            case_dims{2, 3, 300, 200}, case_dims{2, 4, 0, 3}}) {
+    const std::int64_t pixels = d.height * d.width, n = d.images * d.channels * pixels;
+    CAPTURE(d.images);
+    CAPTURE(d.channels);
+    CAPTURE(pixels);
+    const auto x = test::nasty_values<T>(n, static_cast<std::uint64_t>(n) + 9);
+    const auto dy = test::smooth_values<T>(n, 4);
+    std::vector<std::uint32_t> want_words(static_cast<std::size_t>(ref::ceil_div(n, 32)), 0u);
+    std::vector<T> want_y(static_cast<std::size_t>(n), T{}), want_dx(want_y);
+    for (std::int64_t image = 0; image < d.images; ++image)
+      for (std::int64_t c = 0; c < d.channels; ++c)
+        for (std::int64_t p = 0; p < pixels; ++p) {
+          const std::int64_t at = (image * pixels + p) * d.channels + c;
+          const std::int64_t bit = (image * d.channels + c) * pixels + p;
+          if (!passes(x[at])) continue;
+          want_words[bit / 32] |= 1u << (bit % 32);
+          want_y[at] = x[at];
+          want_dx[at] = dy[at];
+        }
+    const dropit::shape logical{d.images, d.channels, d.height, d.width};
+    std::vector<std::uint32_t> words(want_words.size() + 1, 0xdeadbeef);
+    std::vector<T> y(static_cast<std::size_t>(n), test::make<T>(9.0));
+    relu_with_mask_channels_last<T>(cpu_backend{3}, {x.data(), logical}, {y.data(), logical},
+                                    words.data());
+    CHECK(words.back() == 0xdeadbeef);  // nothing written past the mask
+    words.pop_back();
+    CHECK(words == want_words);
+    CHECK_BITS_EQUAL(y, want_y);
+
+    std::vector<T> dx(static_cast<std::size_t>(n), test::make<T>(9.0));
+    apply_relu_mask_channels_last<T>(cpu_backend{3}, words.data(), {dy.data(), logical},
+                                     {dx.data(), logical});
+    CHECK_BITS_EQUAL(dx, want_dx);
+    auto in_place = x;  // y may alias x, dx may alias dy
+    relu_with_mask_channels_last<T>(cpu_backend{2}, {in_place.data(), logical},
+                                    {in_place.data(), logical}, words.data());
+    CHECK(words == want_words);
+    CHECK_BITS_EQUAL(in_place, want_y);
+    in_place = dy;
+    apply_relu_mask_channels_last<T>(cpu_backend{2}, words.data(), {in_place.data(), logical},
+                                     {in_place.data(), logical});
+    CHECK_BITS_EQUAL(in_place, want_dx);
+  }
+}
+
+TEST_CASE("ReLU mask of a channels-last tensor: bad input") {
+  const std::vector<float> y(40, 1.0f);
+  std::vector<float> dx(40);
+  std::vector<std::uint32_t> words(2);
+  CHECK_ERROR(relu_with_mask_channels_last<float>(cpu_backend{1}, test::view_of(y, {4, 10}),
+                                                  test::view_of(dx, {4, 10}), words.data()),
+              "[4, 10]", "4-D");
+  CHECK_ERROR(apply_relu_mask_channels_last<float>(cpu_backend{1}, words.data(),
+                                                   test::view_of(y, {2, 2, 2, 5}),
+                                                   test::view_of(dx, {2, 2, 5, 2})),
+              "[2, 2, 2, 5]", "[2, 2, 5, 2]");
+}
+
 TEST_CASE("ReLU mask: zeros of both signs are off, NaN and tiny positives are on") {
   const std::vector<float> y = {0.0f,
                                 -0.0f,

@@ -83,6 +83,13 @@ struct backend_ops<cuda_backend> {
   template <storage_type T>
   static void apply_relu_mask(const cuda_backend& backend, const std::uint32_t* words, const T* dy,
                               T* dx, std::int64_t n);
+  template <storage_type T>
+  static void pack_relu_mask_channels_last(const cuda_backend& backend, const T* x, T* y,
+                                           const channels_last_dims& d, std::uint32_t* words);
+  template <storage_type T>
+  static void apply_relu_mask_channels_last(const cuda_backend& backend,
+                                            const std::uint32_t* words, const T* dy, T* dx,
+                                            const channels_last_dims& d);
 };
 
 }  // namespace detail

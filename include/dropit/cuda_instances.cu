@@ -29,7 +29,11 @@ namespace dropit::detail {
   template void backend_ops<cuda_backend>::pack_relu_mask<T>(const cuda_backend&, const T*, T*,   \
                                                              std::int64_t, std::uint32_t*);       \
   template void backend_ops<cuda_backend>::apply_relu_mask<T>(                                    \
-      const cuda_backend&, const std::uint32_t*, const T*, T*, std::int64_t);
+      const cuda_backend&, const std::uint32_t*, const T*, T*, std::int64_t);                     \
+  template void backend_ops<cuda_backend>::pack_relu_mask_channels_last<T>(                       \
+      const cuda_backend&, const T*, T*, const channels_last_dims&, std::uint32_t*);              \
+  template void backend_ops<cuda_backend>::apply_relu_mask_channels_last<T>(                      \
+      const cuda_backend&, const std::uint32_t*, const T*, T*, const channels_last_dims&);
 
 DROPIT_INSTANTIATE_CUDA_OPERATIONS(float)
 DROPIT_INSTANTIATE_CUDA_OPERATIONS(half)

@@ -6,7 +6,9 @@
 ///
 /// Bit i of word i / 32 is set where `!(y[i] <= 0)`: exactly where ReLU's backward passes the
 /// gradient (NaN included, as in PyTorch's threshold_backward). `relu_mask_words(n)` gives the
-/// mask's size.
+/// mask's size. A 4-D tensor stored channels-last has the same mask as when stored contiguously
+/// (bits in its logical order), so a gradient in either layout reads it (the `_channels_last`
+/// functions).
 
 #include <cstdint>
 #include <type_traits>
@@ -52,6 +54,37 @@ void apply_relu_mask(const Backend& backend, const std::uint32_t* words,
   detail::expect_accessible(backend, dx, "ReLU dx");
   detail::expect_mask_accessible(backend, words, n);
   detail::backend_ops<Backend>::template apply_relu_mask<T>(backend, words, dy.data, dx.data, n);
+}
+
+/// `relu_with_mask` of a 4-D tensor stored channels-last: `x` and `y` have the logical shape
+/// [N, C, H, W] and hold their elements in (N, H, W, C) order. The mask is the one `relu_with_mask`
+/// gives the same tensor stored contiguously. `y` may alias `x`.
+template <storage_type T, backend_type Backend>
+void relu_with_mask_channels_last(const Backend& backend,
+                                  tensor_view<const std::type_identity_t<T>> x, tensor_view<T> y,
+                                  std::uint32_t* words) {
+  const std::int64_t n = detail::check_relu_with_mask(x, y, words);
+  const channels_last_dims dims = detail::check_channels_last(x.shape, "ReLU input");
+  detail::expect_accessible(backend, x, "ReLU input");
+  detail::expect_accessible(backend, y, "ReLU output");
+  detail::expect_mask_accessible(backend, words, n);
+  detail::backend_ops<Backend>::template pack_relu_mask_channels_last<T>(backend, x.data, y.data,
+                                                                         dims, words);
+}
+
+/// `apply_relu_mask` of a gradient stored channels-last (logical shape [N, C, H, W], elements in
+/// (N, H, W, C) order), with the mask of the tensor's logical order. `dx` may alias `dy`.
+template <storage_type T, backend_type Backend>
+void apply_relu_mask_channels_last(const Backend& backend, const std::uint32_t* words,
+                                   tensor_view<const std::type_identity_t<T>> dy,
+                                   tensor_view<T> dx) {
+  const std::int64_t n = detail::check_apply_relu_mask(words, dy, dx);
+  const channels_last_dims dims = detail::check_channels_last(dy.shape, "ReLU dy");
+  detail::expect_accessible(backend, dy, "ReLU dy");
+  detail::expect_accessible(backend, dx, "ReLU dx");
+  detail::expect_mask_accessible(backend, words, n);
+  detail::backend_ops<Backend>::template apply_relu_mask_channels_last<T>(backend, words, dy.data,
+                                                                          dx.data, dims);
 }
 
 }  // namespace dropit

@@ -16,10 +16,12 @@ Bad arguments raise ``ValueError`` with the library's message, which names the v
 import torch  # noqa: F401
 
 from . import _C  # noqa: F401  (the compiled operations; fails loudly if the build is missing)
-from . import functional, memory, nn
+from . import _operators, functional, memory, nn
 from ._policy import Policy
 from .convert import ConvertReport, LayerReport, convert
 from .plan import BlockPlan, MemoryPlan, plan_memory
+
+_operators.tag_compile_caches()  # every operator is registered by now
 
 __version__ = "0.1.0"
 

@@ -6,6 +6,8 @@ The layers (linear, conv2d, relu) need none: their autograd kernel calls these o
 without gradients they are torch's own dense operations.
 """
 
+import hashlib
+
 import torch
 
 from . import _C
@@ -61,6 +63,29 @@ def _relu_with_mask_fake(input):
 
 
 @torch.library.register_fake(f"{_LIBRARY}::relu_backward")
-def _relu_backward_fake(grad, mask, channels_last):
-    return torch.empty_like(
-        grad, memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+def _relu_backward_fake(grad, mask):
+    # The mask is in logical order whatever the layout: the gradient keeps its own.
+    return torch.empty_like(grad, memory_format=_relu_format(grad))
+
+
+
+def compile_cache_tag() -> str:
+    """A digest of dropit's operator schemas as they are registered now."""
+    schemas = sorted(str(torch._C._get_schema(name, ""))
+                     for name in torch._C._dispatch_get_all_op_names()
+                     if name.startswith(f"{_LIBRARY}::"))
+    return "dropit-" + hashlib.sha256("\n".join(schemas).encode()).hexdigest()[:16]
+
+
+def tag_compile_caches() -> None:
+    """Adds `compile_cache_tag()` to the tag torch.compile puts in its cache keys. A compiled graph
+    cached on disk is keyed by the forward graph dynamo traced, where a dropit layer is one call;
+    the operators its autograd kernel called, backward's included, are only in the cached code. So
+    a graph cached against another build of dropit could call its operators with the arguments of
+    their old schemas; with the tag, a build whose schemas differ misses that cache."""
+    config = getattr(torch.compiler, "config", None)
+    if config is None or not hasattr(config, "cache_key_tag"):
+        return  # a torch whose caches have no such tag
+    tag = compile_cache_tag()
+    if tag not in config.cache_key_tag.split():
+        config.cache_key_tag = f"{config.cache_key_tag} {tag}".strip()

@@ -22,6 +22,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "layer_calls.hpp"
 #include "policy_arguments.hpp"
@@ -41,6 +42,16 @@ decltype(auto) raising_value_errors(Work&& work) {
   } catch (const dropit::error& e) {
     TORCH_CHECK_VALUE(false, e.what());
   }
+}
+
+// The tags of an operator the compiler may hand its inputs in any layout (torch 2.6 has the tag).
+const std::vector<at::Tag>& any_layout_tags() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 6)
+  static const std::vector<at::Tag> tags{at::Tag::flexible_layout};
+#else
+  static const std::vector<at::Tag> tags;
+#endif
+  return tags;
 }
 
 // The policy arguments every caching operator takes, in this order.
@@ -122,12 +133,8 @@ std::tuple<at::Tensor, at::Tensor> relu_with_mask_kernel(const at::Tensor& input
   return raising_value_errors([&] { return dt::relu_with_mask(input); });
 }
 
-at::Tensor relu_backward_kernel(const at::Tensor& grad, const at::Tensor& mask,
-                                bool channels_last) {
-  return raising_value_errors([&] {
-    return dt::relu_backward(
-        grad, mask, channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
-  });
+at::Tensor relu_backward_kernel(const at::Tensor& grad, const at::Tensor& mask) {
+  return raising_value_errors([&] { return dt::relu_backward(grad, mask); });
 }
 
 // --- the layers' autograd functions, calling the operators above through the dispatcher -------
@@ -253,12 +260,11 @@ struct operator_cache_ops {
                                .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&)>();
     return call_below_autograd(op, input);
   }
-  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask,
-                                  at::MemoryFormat format) {
+  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("dropit::relu_backward", "")
-                               .typed<at::Tensor(const at::Tensor&, const at::Tensor&, bool)>();
-    return call_below_autograd(op, dy, mask, format == at::MemoryFormat::ChannelsLast);
+                               .typed<decltype(relu_backward_kernel)>();
+    return call_below_autograd(op, dy, mask);
   }
 };
 
@@ -447,8 +453,11 @@ TORCH_LIBRARY(dropit, m) {
       "conv2d_weight_grad(Tensor values, Tensor positions, int[] layout, Tensor dz, "
       "int[] weight_size, int[] stride, int[] padding, int[] dilation, int groups, "
       "str path=\"auto\", Tensor? call_key=None) -> Tensor");
-  m.def("relu_with_mask(Tensor input) -> (Tensor output, Tensor mask)");
-  m.def("relu_backward(Tensor grad, Tensor mask, bool channels_last) -> Tensor");
+  // The ReLU's mask is in logical order whatever the layout, so the compiler may hand these
+  // operators any (it keeps a convolutional network channels-last).
+  m.def(torch::schema("relu_with_mask(Tensor input) -> (Tensor output, Tensor mask)"),
+        any_layout_tags());
+  m.def(torch::schema("relu_backward(Tensor grad, Tensor mask) -> Tensor"), any_layout_tags());
   m.def("linear(Tensor input, Tensor weight, Tensor? bias, " DROPIT_POLICY_SCHEMA ") -> Tensor");
   m.def(
       "conv2d(Tensor input, Tensor weight, Tensor? bias, int[] stride, int[] padding, "

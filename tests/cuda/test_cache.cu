@@ -267,6 +267,41 @@ TEST_CASE_TEMPLATE("cuda: ReLU mask matches the CPU backend", T, float, dropit::
   }
 }
 
+TEST_CASE_TEMPLATE("cuda: channels-last ReLU mask matches the CPU backend", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  // Planes that start mid-word, tiles cut short in both directions, one channel, whole tiles.
+  for (const dropit::shape& logical :
+       {dropit::shape{3, 70, 7, 5}, dropit::shape{2, 130, 9, 9}, dropit::shape{5, 1, 3, 11},
+        dropit::shape{2, 64, 8, 8}, dropit::shape{1, 33, 40, 41}}) {
+    const std::int64_t n = logical.numel();
+    CAPTURE(n);
+    const auto x = test::nasty_values<T>(n, static_cast<std::uint64_t>(n));
+    const auto dy = test::smooth_values<T>(n, static_cast<std::uint64_t>(n) + 1);
+    std::vector<std::uint32_t> want_words(static_cast<std::size_t>(relu_mask_words(n)));
+    std::vector<T> want_y(x.size()), want_dx(dy.size());
+    relu_with_mask_channels_last<T>(serial, {x.data(), logical}, {want_y.data(), logical},
+                                    want_words.data());
+    apply_relu_mask_channels_last<T>(serial, want_words.data(), {dy.data(), logical},
+                                     {want_dx.data(), logical});
+
+    const device_buffer<T> d_x(x), d_dy(dy);
+    device_buffer<std::uint32_t> d_words(want_words.size());
+    device_buffer<T> d_y(x.size()), d_dx(dy.size());
+    d_words.poison();
+    d_y.poison();
+    d_dx.poison();
+    relu_with_mask_channels_last<T>(gpu, {d_x.data(), logical}, {d_y.data(), logical},
+                                    d_words.data());
+    apply_relu_mask_channels_last<T>(gpu, d_words.data(), {d_dy.data(), logical},
+                                     {d_dx.data(), logical});
+    cuda_test::finish(gpu);
+    CHECK(d_words.download() == want_words);
+    CHECK_BITS_EQUAL(d_y.download(), want_y);
+    CHECK_BITS_EQUAL(d_dx.download(), want_dx);
+  }
+}
+
 TEST_CASE("cuda: bad inputs throw dropit::error naming the value") {
   const cuda_backend gpu{};
   const std::int64_t n = 1000;

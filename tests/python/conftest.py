@@ -1,7 +1,18 @@
 """pytest configuration of the Python package's tests: they need Python's torch, and skip, saying
 so, only when it is missing. A missing or broken dropit build is an error, not a skip."""
 
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
+
+# The compiler's on-disk caches are keyed by the graph, not by the operators' schemas: a graph
+# compiled against another build of dropit could be loaded and call its operators with the old
+# arguments. The tests compile into a directory of their own, new each run.
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dropit-inductor-")
+atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 torch = pytest.importorskip("torch", reason="Python's torch is not installed "
                             "(python3 -m pip install torch); the Python package cannot be tested")

@@ -388,3 +388,17 @@ def test_functional_layers_with_policy_fields_compile_whole():
         torch.testing.assert_close(a, e)
     with pytest.raises(Exception, match=r"gamma = 1\.5 is outside \[0, 1\)"):
         compiled(x, image, 1.5)
+
+
+@pytest.mark.skipif(not hasattr(getattr(torch.compiler, "config", None), "cache_key_tag"),
+                    reason="this torch's compile caches have no key tag")
+def test_compile_cache_keys_follow_dropit_operator_schemas():
+    # A graph cached on disk calls the operators a layer's autograd kernel called when it was traced,
+    # with their arguments then; a build of dropit whose schemas differ must miss that cache.
+    tag = dropit._operators.compile_cache_tag()
+    assert tag in torch.compiler.config.cache_key_tag.split()
+    library = torch.library.Library("dropit", "FRAGMENT")
+    library.define("cache_tag_probe(Tensor x) -> Tensor")
+    assert dropit._operators.compile_cache_tag() != tag
+    library._destroy()
+    assert dropit._operators.compile_cache_tag() == tag

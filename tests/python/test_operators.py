@@ -71,7 +71,20 @@ def test_relu_operators(dtype, layout, device):
     channels_last = layout == "channels_last"
     assert output.is_contiguous(
         memory_format=torch.channels_last if channels_last else torch.contiguous_format)
-    check(ops.relu_backward, (torch.randn_like(output), mask, channels_last))
+    assert torch.equal(output, torch.relu(x))
+    # The mask is in the tensor's logical order whatever its layout: bit i stands for element i of
+    # the flattened tensor, as a reference packs it from torch's own comparison.
+    passes = torch.cat([(x > 0).flatten().int(), x.new_zeros(-x.numel() % 32, dtype=torch.int)])
+    weights = torch.tensor([1 << bit for bit in range(31)] + [-(1 << 31)], device=device)
+    assert torch.equal(mask, (passes.view(-1, 32) * weights).sum(1).int())
+    # So a gradient in any layout reads it, and dx keeps the gradient's layout.
+    for name, to_layout in LAYOUTS.items():
+        grad = to_layout(torch.randn(x.shape, device=device, dtype=dtype))
+        check(ops.relu_backward, (grad, mask))
+        dx = ops.relu_backward(grad, mask)
+        assert torch.equal(dx, torch.where(x > 0, grad, torch.zeros_like(grad)))
+        if name != "non_contiguous":
+            assert dx.stride() == grad.stride()
     check(ops.relu, (x.detach().requires_grad_(),))
 
 

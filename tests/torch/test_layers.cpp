@@ -470,6 +470,40 @@ TEST_CASE("torch: ReLU equals torch::relu, NaN and zeros included") {
   }
 }
 
+// A channels-last model's ReLU stays channels-last, and its mask is the same tensor's stored
+// contiguously, so a gradient in either layout (the compiler picks one) is masked right.
+TEST_CASE("torch: channels-last ReLU keeps its layout; its mask reads a gradient in any layout") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ::torch::manual_seed(11);
+  // Planes of 35 pixels start mid-word; 70 channels cut the kernels' channel tiles short.
+  at::Tensor base = ::torch::randn({3, 70, 7, 5});
+  base.view({-1}).slice(0, 0, 4).copy_(::torch::tensor({0.0f, -0.0f, nan, 1e-30f}));
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const std::string dtype_name = c10::toString(dtype);
+    CAPTURE(dtype_name);
+    const at::Tensor x = base.to(dtype).contiguous(at::MemoryFormat::ChannelsLast);
+    const auto [output, mask] = dt::relu_with_mask(x);
+    CHECK(output.is_contiguous(at::MemoryFormat::ChannelsLast));
+    CHECK(same_values(output, ::torch::relu(x)));
+    CHECK(at::equal(mask, std::get<1>(dt::relu_with_mask(x.contiguous()))));
+    const at::Tensor g = ::torch::randn(x.sizes()).to(dtype);
+    const at::Tensor want = ::torch::threshold_backward(g, ::torch::relu(x), 0);
+    for (const at::Tensor& dy : {g.contiguous(), g.contiguous(at::MemoryFormat::ChannelsLast),
+                                 g.transpose(2, 3).contiguous().transpose(2, 3)}) {
+      const at::Tensor dx = dt::relu_backward(dy, mask);
+      CHECK(same_values(dx, want));
+      if (dy.is_contiguous() || dy.is_contiguous(at::MemoryFormat::ChannelsLast))
+        CHECK(dx.strides() == dy.strides());
+    }
+    // Through the layer: output, layout and gradient as torch's.
+    const at::Tensor xg = x.clone().requires_grad_();
+    dt::ReLU relu;
+    const auto mine = run([&] { return relu(xg); }, g, {xg});
+    CHECK(mine.output.is_contiguous(at::MemoryFormat::ChannelsLast));
+    CHECK(same_values(mine.grads[0], want));
+  }
+}
+
 TEST_CASE("torch: ReLU keeps a 1-bit mask, not its output") {
   dt::MemoryMeter meter;
   const std::int64_t n = 1000 * 1000 + 7;

@@ -100,9 +100,8 @@ struct direct_cache_ops {
   static std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
     return dropit::torch::relu_with_mask(input);
   }
-  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask,
-                                  at::MemoryFormat format) {
-    return dropit::torch::relu_backward(dy, mask, format);
+  static at::Tensor relu_backward(const at::Tensor& dy, const at::Tensor& mask) {
+    return dropit::torch::relu_backward(dy, mask);
   }
 };
 
@@ -228,12 +227,11 @@ template <class CacheOps>
 struct basic_relu_function {
   struct backward_state {
     static constexpr const char* name = "dropit::ReLUBackward";
-    detail::saved_tensors saved;  // the mask
-    at::MemoryFormat format = at::MemoryFormat::Contiguous;  // the order of the mask's bits
+    detail::saved_tensors saved;  // the mask, in the output's logical order
 
     ::torch::autograd::variable_list backward(const ::torch::autograd::Node&, const at::Tensor& dy,
                                               const ::torch::autograd::variable_list& saved) const {
-      return {CacheOps::relu_backward(dy, saved[0], format)};
+      return {CacheOps::relu_backward(dy, saved[0])};
     }
   };
 
@@ -241,7 +239,6 @@ struct basic_relu_function {
     return detail::record_layer<backward_state>({input}, [&](backward_state& state) {
       auto [output, mask] = CacheOps::relu_with_mask(input);
       state.saved.save(mask);
-      state.format = relu_memory_format(output);
       return output;
     });
   }

@@ -387,31 +387,45 @@ requires storage_type<std::remove_const_t<T>> tensor_view<T> memory_order_view(
   return {static_cast<T*>(const_cast<void*>(t.data_ptr())), dropit::shape{t.numel()}};
 }
 
-/// ReLU of `input` and the 1-bit mask of where its output is positive, in one pass. A channels-last
-/// input gives a channels-last output (the mask follows memory order); any other layout is read
-/// as a contiguous copy.
+/// A channels-last tensor of dtype `T` as the core's `_channels_last` ReLU functions take it: its
+/// logical shape over its data.
+template <class T>
+requires storage_type<std::remove_const_t<T>> tensor_view<T> channels_last_view(
+    const at::Tensor& t) {
+  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), shape_of(t)};
+}
+
+/// ReLU of `input` and the 1-bit mask of where its output is positive, in one pass. The mask is in
+/// the tensor's logical order whatever its layout, so the gradient may come in another one. A
+/// channels-last input gives a channels-last output; any other layout is read as a contiguous
+/// copy.
 inline std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
   dropit::detail::expect(input.defined(), "ReLU input is an undefined tensor");
   element_type_of_dtype(input.scalar_type(), "ReLU input");
-  const at::Tensor x = input.contiguous(relu_memory_format(input));
-  at::Tensor output = at::empty_like(x, relu_memory_format(x));
+  const at::MemoryFormat format = relu_memory_format(input);
+  const at::Tensor x = input.contiguous(format);
+  at::Tensor output = at::empty_like(x, format);
   at::Tensor mask = at::empty({relu_mask_words(x.numel())}, x.options().dtype(at::kInt));
+  auto* words = static_cast<std::uint32_t*>(mask.data_ptr());
   on_device_of(x, "ReLU input", [&](const auto& backend) {
     visit_dtype(x.scalar_type(), "ReLU input", [&](auto tag) {
       using T = decltype(tag);
-      dropit::relu_with_mask<T>(backend, memory_order_view<const T>(x),
-                                memory_order_view<T>(output),
-                                static_cast<std::uint32_t*>(mask.data_ptr()));
+      if (format == at::MemoryFormat::ChannelsLast)
+        dropit::relu_with_mask_channels_last<T>(backend, channels_last_view<const T>(x),
+                                                channels_last_view<T>(output), words);
+      else
+        dropit::relu_with_mask<T>(backend, memory_order_view<const T>(x),
+                                  memory_order_view<T>(output), words);
     });
   });
   return {output, mask};
 }
 
-/// The input gradient of a ReLU from its output gradient `dy` and the mask `relu_with_mask` saved;
-/// `dy` is read in the memory format of the output the mask was taken of.
-inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask,
-                                at::MemoryFormat format) {
+/// The input gradient of a ReLU from its output gradient `dy` and the mask `relu_with_mask` saved.
+/// `dx` has `dy`'s layout where that is contiguous or channels-last.
+inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask) {
   dropit::detail::expect(dy_any.defined(), "ReLU gradient is an undefined tensor");
+  const at::MemoryFormat format = relu_memory_format(dy_any);
   // A gradient in another layout (an expanded one from a sum, say) is copied once and masked in
   // place: the copy is already a tensor of its own.
   const bool copied = !dy_any.is_contiguous(format);
@@ -423,11 +437,16 @@ inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask
       mask.device(), " does not fit a gradient of shape ", shape_of(dy), " on ", dy.device(),
       " (expected ", relu_mask_words(dy.numel()), " int32 words)");
   at::Tensor dx = copied ? dy : at::empty_like(dy, format);
+  const auto* words = static_cast<const std::uint32_t*>(mask.data_ptr());
   on_device_of(dy, "ReLU gradient", [&](const auto& backend) {
     visit_dtype(dy.scalar_type(), "ReLU gradient", [&](auto tag) {
       using T = decltype(tag);
-      apply_relu_mask<T>(backend, static_cast<const std::uint32_t*>(mask.data_ptr()),
-                         memory_order_view<const T>(dy), memory_order_view<T>(dx));
+      if (format == at::MemoryFormat::ChannelsLast)
+        apply_relu_mask_channels_last<T>(backend, words, channels_last_view<const T>(dy),
+                                         channels_last_view<T>(dx));
+      else
+        apply_relu_mask<T>(backend, words, memory_order_view<const T>(dy),
+                           memory_order_view<T>(dx));
     });
   });
   return dx;

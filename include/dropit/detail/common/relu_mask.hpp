@@ -14,6 +14,14 @@ namespace dropit {
 /// 32-bit words of the mask of `n` elements.
 DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { return (n + 31) / 32; }
 
+/// A 4-D tensor stored channels-last, as the ReLU mask loops see it: `images` blocks of `pixels`
+/// rows of `channels` elements in memory. Its mask keeps the bits in the tensor's logical order
+/// (image, channel, pixel): the mask of the same tensor stored contiguously, so that either
+/// layout's gradient can be masked with it.
+struct channels_last_dims {
+  std::int64_t images = 0, channels = 0, pixels = 0;
+};
+
 namespace detail {
 
 /// Whether ReLU passes the gradient at output `y`: `!(y <= 0)` (positive, +inf or any NaN), decided
@@ -48,6 +56,27 @@ std::int64_t check_relu_with_mask(const tensor_view<X>& x, const tensor_view<Y>&
   expect_data(y, "ReLU output");
   expect(x.shape == y.shape, "ReLU shapes differ: input ", x.shape, " vs output ", y.shape);
   return check_pack_relu_mask(y, words);
+}
+
+/// A mask of the low `length` bits (0 to 63).
+DROPIT_HOST_DEVICE constexpr std::uint64_t low_bits(int length) {
+  return (std::uint64_t{1} << length) - 1;
+}
+
+/// Mask bits [position, position + length) as the low bits of the result (length 1 to 32).
+DROPIT_HOST_DEVICE inline std::uint32_t load_mask_bits(const std::uint32_t* words,
+                                                       std::int64_t position, int length) {
+  const std::int64_t word = position / 32;
+  const int shift = static_cast<int>(position % 32);
+  std::uint64_t bits = words[word] >> shift;
+  if (shift + length > 32) bits |= static_cast<std::uint64_t>(words[word + 1]) << (32 - shift);
+  return static_cast<std::uint32_t>(bits & low_bits(length));
+}
+
+/// The channels-last view of a 4-D logical shape [images, channels, height, width].
+inline channels_last_dims check_channels_last(const shape& s, const char* what) {
+  expect(s.rank == 4, what, " of shape ", s, " is not 4-D; channels-last needs [N, C, H, W]");
+  return {s.extents[0], s.extents[1], s.extents[2] * s.extents[3]};
 }
 
 template <class DY, class DX>

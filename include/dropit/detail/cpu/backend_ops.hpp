@@ -92,6 +92,20 @@ struct backend_ops<cpu_backend> {
                               T* dx, std::int64_t n) {
     cpu::apply_relu_mask(backend, words, dy, dx, n);
   }
+
+  /// The channels-last forms: the mask in the tensor's logical order (see relu_mask.hpp).
+  template <storage_type T>
+  static void pack_relu_mask_channels_last(const cpu_backend& backend, const T* x, T* y,
+                                           const channels_last_dims& d, std::uint32_t* words) {
+    cpu::pack_relu_mask_channels_last(backend, x, y, d, words);
+  }
+
+  template <storage_type T>
+  static void apply_relu_mask_channels_last(const cpu_backend& backend,
+                                            const std::uint32_t* words, const T* dy, T* dx,
+                                            const channels_last_dims& d) {
+    cpu::apply_relu_mask_channels_last(backend, words, dy, dx, d);
+  }
 };
 
 // The CPU operations for every storage type, as explicit instantiations: declared (extern) in a
@@ -110,7 +124,11 @@ struct backend_ops<cpu_backend> {
   kind void cpu::pack_relu_mask<T>(const cpu_backend&, const T*, T*, std::int64_t,               \
                                    std::uint32_t*);                                              \
   kind void cpu::apply_relu_mask<T>(const cpu_backend&, const std::uint32_t*, const T*, T*,      \
-                                    std::int64_t);
+                                    std::int64_t);                                               \
+  kind void cpu::pack_relu_mask_channels_last<T>(const cpu_backend&, const T*, T*,               \
+                                                 const channels_last_dims&, std::uint32_t*);     \
+  kind void cpu::apply_relu_mask_channels_last<T>(const cpu_backend&, const std::uint32_t*,      \
+                                                  const T*, T*, const channels_last_dims&);
 
 #if defined(DROPIT_CPU_INSTANCES)
 DROPIT_CPU_OPERATIONS(extern template, float)

@@ -98,4 +98,22 @@ void backend_ops<cuda_backend>::apply_relu_mask(const cuda_backend& backend,
   cuda::apply_relu_mask<T>(backend.stream, words, dy, dx, n);
 }
 
+template <storage_type T>
+void backend_ops<cuda_backend>::pack_relu_mask_channels_last(const cuda_backend& backend,
+                                                             const T* x, T* y,
+                                                             const channels_last_dims& d,
+                                                             std::uint32_t* words) {
+  cuda::expect_no_pending_error("ReLU mask");
+  cuda::pack_relu_mask_channels_last<T>(backend.stream, x, y, d, words);
+}
+
+template <storage_type T>
+void backend_ops<cuda_backend>::apply_relu_mask_channels_last(const cuda_backend& backend,
+                                                              const std::uint32_t* words,
+                                                              const T* dy, T* dx,
+                                                              const channels_last_dims& d) {
+  cuda::expect_no_pending_error("ReLU mask");
+  cuda::apply_relu_mask_channels_last<T>(backend.stream, words, dy, dx, d);
+}
+
 }  // namespace dropit::detail

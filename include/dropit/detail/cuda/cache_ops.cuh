@@ -437,4 +437,24 @@ void apply_relu_mask(cudaStream_t stream, const std::uint32_t* words, const T* d
   check_launch("dropit apply_relu_mask_kernel");
 }
 
+template <storage_type T>
+void pack_relu_mask_channels_last(cudaStream_t stream, const T* x, T* y,
+                                  const channels_last_dims& d, std::uint32_t* words) {
+  const channels_last_tiles tiles(d);
+  if (tiles.count == 0) return;
+  pack_relu_mask_channels_last_kernel<T>
+      <<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(x, y, d, words);
+  check_launch("dropit pack_relu_mask_channels_last_kernel");
+}
+
+template <storage_type T>
+void apply_relu_mask_channels_last(cudaStream_t stream, const std::uint32_t* words, const T* dy,
+                                   T* dx, const channels_last_dims& d) {
+  const channels_last_tiles tiles(d);
+  if (tiles.count == 0) return;
+  apply_relu_mask_channels_last_kernel<T>
+      <<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(words, dy, dx, d);
+  check_launch("dropit apply_relu_mask_channels_last_kernel");
+}
+
 }  // namespace dropit::detail::cuda

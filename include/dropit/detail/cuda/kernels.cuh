@@ -34,6 +34,8 @@
 // - conv2d_columns / conv2d_dz_rows / store_gradient: the im2col block of a range of samples and
 //   their dZ rows, the operands of the cuBLAS conv2d weight gradient; its float sum stored into dW.
 // - pack_relu_mask / apply_relu_mask: one warp vote per mask word; one thread per element.
+// - their channels-last forms: a block per tile of 32 pixels by 32 channels (a shared-memory
+//   transpose, then one vote per channel's word).
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -696,6 +698,113 @@ DROPIT_KERNEL void apply_relu_mask_kernel(const std::uint32_t* words, const T* d
       const std::uint32_t word = tile_words[first / 32];
       const int i = first + lane;
       if (i < items) tile_dx[i] = (word >> lane) & 1u ? tile_dy[i] : T{};
+    }
+  }
+}
+
+/// Sets mask bits [position, position + length) to the low `length` bits of `bits` (length 1 to
+/// 32). A whole aligned word belongs to the caller; the bits of a word cut short are shared with
+/// another tile, so they are cleared and set atomically (each bit has one writer).
+__device__ inline void store_mask_bits(std::uint32_t* words, std::int64_t position,
+                                       std::uint32_t bits, int length) {
+  const int shift = static_cast<int>(position % 32);
+  const std::int64_t word = position / 32;
+  if (shift == 0 && length == 32) {
+    words[word] = bits;
+    return;
+  }
+  const std::uint64_t field = low_bits(length) << shift;
+  const std::uint64_t value = (static_cast<std::uint64_t>(bits) << shift) & field;
+  for (int k = 0; k < 2; ++k) {
+    const auto word_field = static_cast<std::uint32_t>(field >> (32 * k));
+    if (word_field == 0) continue;
+    atomicAnd(words + word + k, ~word_field);
+    atomicOr(words + word + k, static_cast<std::uint32_t>(value >> (32 * k)));
+  }
+}
+
+/// One tile of a channels-last tensor: its first channel and pixel, its image, and how many of its
+/// 32 pixels and 32 channels the tensor has.
+struct channels_last_tile {
+  std::int64_t first_channel, first_pixel, image;
+  int pixels, channels;
+};
+
+/// The tiles of 32 pixels by 32 channels of a channels-last tensor, a block's at a time.
+struct channels_last_tiles {
+  channels_last_dims dims;
+  std::int64_t pixel_tiles, channel_tiles, count;
+
+  DROPIT_HOST_DEVICE explicit channels_last_tiles(const channels_last_dims& d)
+      : dims(d),
+        pixel_tiles((d.pixels + 31) / 32),
+        channel_tiles((d.channels + 31) / 32),
+        count(d.images * pixel_tiles * channel_tiles) {}
+
+  __device__ channels_last_tile operator[](std::int64_t tile) const {
+    channels_last_tile t;
+    t.first_channel = tile % channel_tiles * 32;
+    t.first_pixel = tile / channel_tiles % pixel_tiles * 32;
+    t.image = tile / (channel_tiles * pixel_tiles);
+    t.pixels = static_cast<int>(min(dims.pixels - t.first_pixel, std::int64_t{32}));
+    t.channels = static_cast<int>(min(dims.channels - t.first_channel, std::int64_t{32}));
+    return t;
+  }
+};
+
+/// A channels-last `relu(x)` into `y` (unless null; `y` may be `x`) and its mask in logical order:
+/// a block reads a tile of 32 pixel rows by 32 channels and transposes its pass bits through
+/// shared memory, so that one ballot gives a channel's 32 pixels.
+template <class T>
+DROPIT_KERNEL void pack_relu_mask_channels_last_kernel(const T* x, T* y, channels_last_dims d,
+                                                       std::uint32_t* words) {
+  constexpr int warps = block_threads / 32;
+  __shared__ std::uint8_t passes[32][33];
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
+  const channels_last_tiles tiles(d);
+  for (std::int64_t tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    const auto [c0, p0, image, pixels, channels] = tiles[tile];
+    for (int row = warp; row < 32; row += warps) {
+      bool pass = false;
+      if (row < pixels && lane < channels) {
+        const std::int64_t i = (image * d.pixels + p0 + row) * d.channels + c0 + lane;
+        const T value = x[i];
+        pass = relu_passes(value);
+        if (y != nullptr) y[i] = pass ? value : T{};
+      }
+      passes[row][lane] = pass;
+    }
+    __syncthreads();
+    for (int column = warp; column < channels; column += warps) {
+      const std::uint32_t bits = __ballot_sync(0xffffffffu, passes[lane][column] != 0);
+      if (lane != 0) continue;
+      const std::int64_t position = (image * d.channels + c0 + column) * d.pixels + p0;
+      store_mask_bits(words, position, bits, pixels);
+      // The tensor's last bits: the rest of their word is cleared, as the flat kernels leave it.
+      const std::int64_t end = position + pixels;
+      if (end == d.images * d.channels * d.pixels && end % 32 != 0)
+        store_mask_bits(words, end, 0u, static_cast<int>(32 - end % 32));
+    }
+    __syncthreads();
+  }
+}
+
+/// `dx = mask ? dy : 0` of a channels-last gradient with the mask in logical order: in a tile of
+/// 32 pixels by 32 channels, each lane loads its channel's 32 bits and walks the pixel rows.
+template <class T>
+DROPIT_KERNEL void apply_relu_mask_channels_last_kernel(const std::uint32_t* words, const T* dy,
+                                                        T* dx, channels_last_dims d) {
+  constexpr int warps = block_threads / 32;
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
+  const channels_last_tiles tiles(d);
+  for (std::int64_t tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    const auto [c0, p0, image, pixels, channels] = tiles[tile];
+    if (lane >= channels) continue;
+    const std::uint32_t bits =
+        load_mask_bits(words, (image * d.channels + c0 + lane) * d.pixels + p0, pixels);
+    for (int row = warp; row < pixels; row += warps) {
+      const std::int64_t i = (image * d.pixels + p0 + row) * d.channels + c0 + lane;
+      dx[i] = (bits >> row) & 1u ? dy[i] : T{};
     }
   }
 }
