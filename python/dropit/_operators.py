@@ -68,7 +68,6 @@ def _relu_backward_fake(grad, mask):
     return torch.empty_like(grad, memory_format=_relu_format(grad))
 
 
-
 def compile_cache_tag() -> str:
     """A digest of dropit's operator schemas as they are registered now."""
     schemas = sorted(str(torch._C._get_schema(name, ""))

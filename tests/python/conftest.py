@@ -8,9 +8,9 @@ import tempfile
 
 import pytest
 
-# The compiler's on-disk caches are keyed by the graph, not by the operators' schemas: a graph
-# compiled against another build of dropit could be loaded and call its operators with the old
-# arguments. The tests compile into a directory of their own, new each run.
+# The tests compile into a cache directory of their own, new each run, so that they compile this
+# build's graphs rather than load what an earlier build or session cached (dropit keys the
+# compiler's caches by its operators' schemas, but a test must not depend on that to pass).
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="dropit-inductor-")
 atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
