@@ -108,6 +108,22 @@ std::vector<T> smooth_values(std::int64_t n, std::uint64_t seed) {
   return x;
 }
 
+// A 4-D tensor [N, C, H, W] stored channels-last, for the tests of the `_channels_last`
+// operations: where an element lies in that storage and in the tensor's logical order.
+struct channels_last_case {
+  std::int64_t images, channels, height, width;
+
+  std::int64_t pixels() const { return height * width; }
+  std::int64_t numel() const { return images * channels * pixels(); }
+  dropit::shape logical() const { return {images, channels, height, width}; }
+  std::int64_t stored_at(std::int64_t image, std::int64_t channel, std::int64_t pixel) const {
+    return (image * pixels() + pixel) * channels + channel;
+  }
+  std::int64_t logical_at(std::int64_t image, std::int64_t channel, std::int64_t pixel) const {
+    return (image * channels + channel) * pixels() + pixel;
+  }
+};
+
 template <class T>
 std::vector<std::uint32_t> bits_of(const std::vector<T>& x) {
   std::vector<std::uint32_t> out;

@@ -60,8 +60,8 @@ TEST_CASE_TEMPLATE("min-k over more than 2^16 elements (32-bit offsets and bitma
   }
 }
 
-TEST_CASE_TEMPLATE("min-k over a long tensor, selected by several threads together", T, float,
-                   half, bfloat16) {
+TEST_CASE_TEMPLATE("min-k over a long tensor, selected by several threads together", T, float, half,
+                   bfloat16) {
   // From 2^16 elements, the only chunk of a min-k layout is keyed, counted and emitted by every
   // thread, range by range; the kept set must still be the reference's, ties to the lower index.
   using S = test::special<T>;
@@ -320,4 +320,69 @@ TEST_CASE("min-k: NaNs with different payloads tie, lower index first") {
   check_keeps(x, {6}, policy<min_k_selection>{{0.8}}, {true, false, true, false, false, false});
   const std::vector<half> h = {half{0x7e00}, half{0x3c00}, half{0x7fff}, half{0x7c01}};
   check_keeps(h, {4}, policy<min_k_selection>{{0.5}}, {true, false, true, false});
+}
+
+// A 4-D tensor stored channels-last is compressed in its logical order: its cache is, byte for
+// byte, the cache of the same tensor stored contiguously (transposed here by brute force), for
+// every policy and whether chunks are gathered one by one or the tensor is transposed whole.
+TEST_CASE_TEMPLATE("compress of a channels-last tensor is the contiguous tensor's", T, float, half,
+                   bfloat16) {
+  using test::channels_last_case;
+  // Planes shorter than a chunk and cut by chunks mid-plane; a chunk ending mid-image; one
+  // channel; a tensor past the 2^16 elements that several threads select together; empty.
+  for (const channels_last_case d :
+       {channels_last_case{3, 70, 7, 5}, channels_last_case{2, 130, 9, 9},
+        channels_last_case{5, 1, 3, 11}, channels_last_case{2, 3, 120, 100},
+        channels_last_case{2, 4, 0, 3}}) {
+    const std::int64_t n = d.numel();
+    CAPTURE(d.channels);
+    CAPTURE(d.pixels());
+    const dropit::shape logical = d.logical();
+    const auto stored = test::smooth_values<T>(n, static_cast<std::uint64_t>(n) + 3);
+    std::vector<T> contiguous(static_cast<std::size_t>(n));
+    for (std::int64_t image = 0; image < d.images; ++image)
+      for (std::int64_t c = 0; c < d.channels; ++c)
+        for (std::int64_t p = 0; p < d.pixels(); ++p)
+          contiguous[d.logical_at(image, c, p)] = stored[d.stored_at(image, c, p)];
+    const auto check_policy = [&](const auto& p, const char* name) {
+      CAPTURE(name);
+      const auto want = compress(serial, p, test::view_of(contiguous, logical));
+      const cache_layout layout = plan_cache<T>(p, logical);
+      for (const int threads : {1, 3}) {
+        CAPTURE(threads);
+        const cpu_backend backend{threads};
+        std::vector<T> values(static_cast<std::size_t>(layout.kept()));
+        std::vector<unsigned char> positions(layout.position_bytes());
+        const cache_view<T> out{layout, values.data(), positions.data()};
+        const std::size_t bytes = compress_channels_last_workspace_bytes<T>(backend, layout);
+        std::vector<std::byte> memory(bytes);
+        compress_channels_last<T>(backend, test::view_of(stored, logical), out, memory);
+        CHECK_BITS_EQUAL(values, test::values_of(want));
+        CHECK(positions == test::position_bytes(want));
+        if (bytes > 0)
+          CHECK_ERROR(compress_channels_last<T>(backend, test::view_of(stored, logical), out,
+                                                workspace(memory.data(), bytes - 1)),
+                      "compress", std::to_string(bytes - 1), std::to_string(bytes));
+      }
+    };
+    test::for_each_policy(0.8, 1, check_policy);
+    check_policy(policy<chunked_min_k_selection>{{0.9, 100}}, "chunked min-k, D = 100");
+    check_policy(policy<min_k_selection, channel_granularity>{{0.5}, {3}}, "channel min-k, axis 3");
+  }
+}
+
+TEST_CASE("compress of a channels-last tensor: bad input") {
+  const std::vector<float> x(60, 1.0f);
+  const cache_layout flat = plan_cache<float>(policy<min_k_selection>{{0.5}}, {60});
+  std::vector<float> values(static_cast<std::size_t>(flat.kept()));
+  std::vector<std::uint32_t> positions((flat.position_bytes() + 3) / 4);
+  CHECK_ERROR(compress_channels_last_workspace_bytes<float>(serial, flat), "compress input", "[60]",
+              "not 4-D");
+  CHECK_ERROR(compress_channels_last<float>(serial, test::view_of(x, {60}),
+                                            {flat, values.data(), positions.data()}, {}),
+              "compress input", "[60]", "not 4-D");
+  // The layout is checked against the input as for a contiguous one.
+  CHECK_ERROR(compress_channels_last<float>(serial, test::view_of(x, {3, 4, 5, 1}),
+                                            {flat, values.data(), positions.data()}, {}),
+              "compress input", "[3, 4, 5, 1]", "[60]");
 }

@@ -4,6 +4,7 @@
 // that an operation reached through it computes what the CPU backend does.
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,14 +39,16 @@ struct backend_ops<checking_backend> {
   }
 
   template <storage_type T>
-  static std::size_t compress_workspace_bytes(const checking_backend&, const cache_layout& l) {
-    return cpu_ops::compress_workspace_bytes<T>(cpu, l);
+  static std::size_t compress_workspace_bytes(const checking_backend&, const cache_layout& l,
+                                              const std::optional<channels_last_dims>& stored) {
+    return cpu_ops::compress_workspace_bytes<T>(cpu, l, stored);
   }
   template <storage_type T>
-  static void compress(const checking_backend& b, const T* input, const cache_view<T>& out,
+  static void compress(const checking_backend& b, const T* input,
+                       const std::optional<channels_last_dims>& stored, const cache_view<T>& out,
                        workspace memory) {
     ++*b.operations;
-    cpu_ops::compress<T>(cpu, input, out, memory);
+    cpu_ops::compress<T>(cpu, input, stored, out, memory);
   }
   template <storage_type T>
   static std::size_t densify_workspace_bytes(const checking_backend&, const cache_layout& l) {

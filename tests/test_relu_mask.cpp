@@ -82,14 +82,14 @@ TEST_CASE_TEMPLATE("ReLU forward with its mask: relu(x) and the mask of relu(x) 
 // (n * C + c) * P + p, while the elements lie at (n * P + p) * C + c.
 TEST_CASE_TEMPLATE("ReLU mask of a channels-last tensor is in its logical order", T, float, half,
                    bfloat16) {
-  struct case_dims {
-    std::int64_t images, channels, height, width;
-  };
+  using test::channels_last_case;
   // Planes that start mid-word; tiles of channels cut short; one channel; a plane split over
   // work items (3 channels: 43 680 pixels an item); empty.
-  for (const case_dims d : {case_dims{3, 70, 7, 5}, case_dims{2, 130, 9, 9}, case_dims{5, 1, 3, 11},
-                            case_dims{2, 3, 300, 200}, case_dims{2, 4, 0, 3}}) {
-    const std::int64_t pixels = d.height * d.width, n = d.images * d.channels * pixels;
+  for (const channels_last_case d :
+       {channels_last_case{3, 70, 7, 5}, channels_last_case{2, 130, 9, 9},
+        channels_last_case{5, 1, 3, 11}, channels_last_case{2, 3, 300, 200},
+        channels_last_case{2, 4, 0, 3}}) {
+    const std::int64_t pixels = d.pixels(), n = d.numel();
     CAPTURE(d.images);
     CAPTURE(d.channels);
     CAPTURE(pixels);
@@ -100,14 +100,14 @@ TEST_CASE_TEMPLATE("ReLU mask of a channels-last tensor is in its logical order"
     for (std::int64_t image = 0; image < d.images; ++image)
       for (std::int64_t c = 0; c < d.channels; ++c)
         for (std::int64_t p = 0; p < pixels; ++p) {
-          const std::int64_t at = (image * pixels + p) * d.channels + c;
-          const std::int64_t bit = (image * d.channels + c) * pixels + p;
+          const std::int64_t at = d.stored_at(image, c, p);
+          const std::int64_t bit = d.logical_at(image, c, p);
           if (!passes(x[at])) continue;
           want_words[bit / 32] |= 1u << (bit % 32);
           want_y[at] = x[at];
           want_dx[at] = dy[at];
         }
-    const dropit::shape logical{d.images, d.channels, d.height, d.width};
+    const dropit::shape logical = d.logical();
     std::vector<std::uint32_t> words(want_words.size() + 1, 0xdeadbeef);
     std::vector<T> y(static_cast<std::size_t>(n), test::make<T>(9.0));
     relu_with_mask_channels_last<T>(cpu_backend{3}, {x.data(), logical}, {y.data(), logical},

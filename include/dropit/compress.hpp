@@ -9,6 +9,7 @@
 /// own their memory.
 
 #include <cstddef>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -33,26 +34,58 @@ void expect_input_matches(const cache_layout& layout, const tensor_view<U>& tens
 
 }  // namespace detail
 
+namespace detail {
+
+template <storage_type T, backend_type Backend>
+void compress_stored(const Backend& backend, const tensor_view<const T>& input,
+                     const std::optional<channels_last_dims>& channels_last,
+                     const cache_view<T>& out, workspace scratch) {
+  using ops = backend_ops<Backend>;
+  expect_input_matches<T>(out.layout, input, "compress input");
+  expect_buffers(out);
+  expect_accessible(backend, input, "compress input");
+  expect_accessible(backend, out);
+  expect_workspace(backend, scratch,
+                   ops::template compress_workspace_bytes<T>(backend, out.layout, channels_last),
+                   "compress", "compress workspace");
+  ops::template compress<T>(backend, input.data, channels_last, out, scratch);
+}
+
+}  // namespace detail
+
 /// Workspace bytes `compress` needs on `backend` for a cache of `layout`.
 template <storage_type T, backend_type Backend>
 std::size_t compress_workspace_bytes(const Backend& backend, const cache_layout& layout) {
   detail::expect_layout<T>(layout);
-  return detail::backend_ops<Backend>::template compress_workspace_bytes<T>(backend, layout);
+  return detail::backend_ops<Backend>::template compress_workspace_bytes<T>(backend, layout,
+                                                                            std::nullopt);
 }
 
 /// Sparsifies `input` into the caller's cache buffers `out` (planned with `plan_cache`).
 template <storage_type T, backend_type Backend>
 void compress(const Backend& backend, tensor_view<const std::type_identity_t<T>> input,
               cache_view<T> out, workspace scratch) {
-  using ops = detail::backend_ops<Backend>;
-  detail::expect_input_matches<T>(out.layout, input, "compress input");
-  detail::expect_buffers(out);
-  detail::expect_accessible(backend, input, "compress input");
-  detail::expect_accessible(backend, out);
-  detail::expect_workspace(backend, scratch,
-                           ops::template compress_workspace_bytes<T>(backend, out.layout),
-                           "compress", "compress workspace");
-  ops::template compress<T>(backend, input.data, out, scratch);
+  detail::compress_stored<T>(backend, input, std::nullopt, out, scratch);
+}
+
+/// Workspace bytes `compress_channels_last` needs on `backend` for a cache of `layout` (4-D).
+template <storage_type T, backend_type Backend>
+std::size_t compress_channels_last_workspace_bytes(const Backend& backend,
+                                                   const cache_layout& layout) {
+  detail::expect_layout<T>(layout);
+  return detail::backend_ops<Backend>::template compress_workspace_bytes<T>(
+      backend, layout, detail::check_channels_last(layout.shape, "compress input"));
+}
+
+/// `compress` of a 4-D tensor stored channels-last: `input` has the logical shape [N, C, H, W]
+/// and holds its elements in (N, H, W, C) order. The cache is the one `compress` makes of the same
+/// tensor stored contiguously (positions in logical order), so densify gives that tensor back.
+template <storage_type T, backend_type Backend>
+void compress_channels_last(const Backend& backend,
+                            tensor_view<const std::type_identity_t<T>> input, cache_view<T> out,
+                            workspace scratch) {
+  const channels_last_dims dims = detail::check_channels_last(input.shape, "compress input");
+  detail::compress_stored<T>(backend, input, dims, out, scratch);
 }
 
 /// Sparsifies `input` under policy `p` into a new cache.

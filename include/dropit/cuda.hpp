@@ -21,6 +21,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "detail/cuda/runtime.hpp"
 #include "dropit.hpp"
@@ -49,11 +50,15 @@ struct backend_ops<cuda_backend> {
     if (!backend.operands_on_current_device) cuda::expect_device_accessible(pointer, bytes, what);
   }
 
+  /// compress reads `input` contiguous, or channels-last where `channels_last` is set.
   template <storage_type T>
-  static std::size_t compress_workspace_bytes(const cuda_backend&, const cache_layout& layout);
+  static std::size_t compress_workspace_bytes(
+      const cuda_backend&, const cache_layout& layout,
+      const std::optional<channels_last_dims>& channels_last);
   template <storage_type T>
-  static void compress(const cuda_backend& backend, const T* input, const cache_view<T>& out,
-                       workspace memory);
+  static void compress(const cuda_backend& backend, const T* input,
+                       const std::optional<channels_last_dims>& channels_last,
+                       const cache_view<T>& out, workspace memory);
 
   template <storage_type T>
   static std::size_t densify_workspace_bytes(const cuda_backend&, const cache_layout& layout);

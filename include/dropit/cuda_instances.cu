@@ -9,9 +9,10 @@ namespace dropit::detail {
 
 #define DROPIT_INSTANTIATE_CUDA_OPERATIONS(T)                                                     \
   template std::size_t backend_ops<cuda_backend>::compress_workspace_bytes<T>(                    \
-      const cuda_backend&, const cache_layout&);                                                  \
-  template void backend_ops<cuda_backend>::compress<T>(const cuda_backend&, const T*,             \
-                                                       const cache_view<T>&, workspace);          \
+      const cuda_backend&, const cache_layout&, const std::optional<channels_last_dims>&);        \
+  template void backend_ops<cuda_backend>::compress<T>(                                           \
+      const cuda_backend&, const T*, const std::optional<channels_last_dims>&,                    \
+      const cache_view<T>&, workspace);                                                           \
   template std::size_t backend_ops<cuda_backend>::densify_workspace_bytes<T>(                     \
       const cuda_backend&, const cache_layout&);                                                  \
   template void backend_ops<cuda_backend>::densify<T>(const cuda_backend&,                        \

@@ -1,7 +1,8 @@
 #pragma once
 /// @file
 /// `shape` and `tensor_view`: the non-owning, host/device-copyable description of a dense,
-/// contiguous, row-major tensor that every operation takes.
+/// contiguous, row-major tensor that every operation takes; `channels_last_dims`, how the
+/// `_channels_last` operations see a 4-D tensor stored channels-last.
 
 #include <cstdint>
 #include <initializer_list>
@@ -124,7 +125,21 @@ struct tensor_view {
   requires(!std::is_const_v<U>) operator tensor_view<const U>() const { return {data, shape}; }
 };
 
+/// A 4-D tensor of logical shape [N, C, H, W] stored channels-last, in (N, H, W, C) order: `images`
+/// blocks of `pixels` rows of `channels` elements in memory. The `_channels_last` operations
+/// (compress, the ReLU mask) take its logical shape and read it in logical order, so that what they
+/// make is what the same tensor stored contiguously gives.
+struct channels_last_dims {
+  std::int64_t images = 0, channels = 0, pixels = 0;
+};
+
 namespace detail {
+
+/// The channels-last view of a 4-D logical shape [images, channels, height, width].
+inline channels_last_dims check_channels_last(const shape& s, const char* what) {
+  expect(s.rank == 4, what, " of shape ", s, " is not 4-D; channels-last needs [N, C, H, W]");
+  return {s.extents[0], s.extents[1], s.extents[2] * s.extents[3]};
+}
 
 /// Maps a possibly negative axis onto [0, rank).
 inline int normalize_axis(int axis, int rank, const char* what) {

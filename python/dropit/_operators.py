@@ -47,8 +47,9 @@ def _conv2d_weight_grad_fake(values, positions, layout, dz, weight_size, stride,
     return dz.new_empty(list(weight_size))
 
 
-def _relu_format(tensor: torch.Tensor) -> torch.memory_format:
-    """The memory format the C++ ReLU keeps (relu_memory_format in dropit/torch/tensor.hpp)."""
+def _kernel_format(tensor: torch.Tensor) -> torch.memory_format:
+    """The memory format the C++ kernels read a tensor in and the ReLU keeps (kernel_memory_format
+    in dropit/torch/tensor.hpp)."""
     if (tensor.dim() == 4 and not tensor.is_contiguous()
             and tensor.is_contiguous(memory_format=torch.channels_last)):
         return torch.channels_last
@@ -58,14 +59,14 @@ def _relu_format(tensor: torch.Tensor) -> torch.memory_format:
 @torch.library.register_fake(f"{_LIBRARY}::relu_with_mask")
 def _relu_with_mask_fake(input):
     words = _C.relu_mask_words(input.numel())
-    return (torch.empty_like(input, memory_format=_relu_format(input)),
+    return (torch.empty_like(input, memory_format=_kernel_format(input)),
             input.new_empty(words, dtype=torch.int32))
 
 
 @torch.library.register_fake(f"{_LIBRARY}::relu_backward")
 def _relu_backward_fake(grad, mask):
     # The mask is in logical order whatever the layout: the gradient keeps its own.
-    return torch.empty_like(grad, memory_format=_relu_format(grad))
+    return torch.empty_like(grad, memory_format=_kernel_format(grad))
 
 
 def compile_cache_tag() -> str:

@@ -93,9 +93,10 @@ std::tuple<at::Tensor, at::Tensor> compress_kernel(const at::Tensor& input,
                                                    DROPIT_POLICY_PARAMETERS) {
   return raising_value_errors([&] {
     // A layer that reads an activation another layer just compressed under the same policy shares
-    // that cache (compress_for_layer); any strides are taken, through a contiguous copy.
-    const dt::saved_cache cache =
-        dt::compress_for_layer(input.contiguous(), DROPIT_POLICY_OF_PARAMETERS.spec());
+    // that cache (compress_for_layer). A channels-last input is read in place; other strides
+    // through a contiguous copy.
+    const dt::saved_cache cache = dt::compress_for_layer(
+        input.contiguous(dt::kernel_memory_format(input)), DROPIT_POLICY_OF_PARAMETERS.spec());
     return std::make_tuple(cache.values, cache.positions);
   });
 }
@@ -442,7 +443,12 @@ at::Tensor call_relu(const at::Tensor& input) {
 }  // namespace dropit_python
 
 TORCH_LIBRARY(dropit, m) {
-  m.def("compress(Tensor input, " DROPIT_POLICY_SCHEMA ") -> (Tensor values, Tensor positions)");
+  // compress and the ReLU read a tensor in its logical order whatever the layout (a cache and a
+  // mask are the contiguous tensor's), so the compiler may hand them any: it keeps a convolutional
+  // network channels-last.
+  m.def(torch::schema("compress(Tensor input, " DROPIT_POLICY_SCHEMA
+                      ") -> (Tensor values, Tensor positions)"),
+        any_layout_tags());
   m.def(
       "densify(Tensor values, Tensor positions, int[] layout, Tensor? call_key=None) "
       "-> Tensor");
@@ -453,8 +459,6 @@ TORCH_LIBRARY(dropit, m) {
       "conv2d_weight_grad(Tensor values, Tensor positions, int[] layout, Tensor dz, "
       "int[] weight_size, int[] stride, int[] padding, int[] dilation, int groups, "
       "str path=\"auto\", Tensor? call_key=None) -> Tensor");
-  // The ReLU's mask is in logical order whatever the layout, so the compiler may hand these
-  // operators any (it keeps a convolutional network channels-last).
   m.def(torch::schema("relu_with_mask(Tensor input) -> (Tensor output, Tensor mask)"),
         any_layout_tags());
   m.def(torch::schema("relu_backward(Tensor grad, Tensor mask) -> Tensor"), any_layout_tags());

@@ -302,6 +302,38 @@ TEST_CASE_TEMPLATE("cuda: channels-last ReLU mask matches the CPU backend", T, f
   }
 }
 
+// A channels-last input: its cache is the CPU backend's of the same input, which is the contiguous
+// tensor's (tests/test_compress.cpp), byte for byte, for every policy.
+TEST_CASE_TEMPLATE("cuda: compress of a channels-last tensor matches the CPU backend", T, float,
+                   dropit::half, dropit::bfloat16) {
+  const cuda_backend gpu{};
+  // Tiles cut short in both directions, one channel, whole tiles (small: racecheck runs it).
+  for (const dropit::shape& logical : {dropit::shape{3, 70, 7, 5}, dropit::shape{5, 1, 3, 11},
+                                       dropit::shape{2, 64, 8, 8}, dropit::shape{1, 33, 20, 21}}) {
+    CAPTURE(logical.numel());
+    const auto stored = test::smooth_values<T>(logical.numel(), 17);
+    const device_buffer<T> d_stored(stored);
+    test::for_each_policy(0.8, 1, [&](const auto& p, const char* name) {
+      CAPTURE(name);
+      const cache_layout layout = plan_cache<T>(p, logical);
+      std::vector<T> values(static_cast<std::size_t>(layout.kept()));
+      std::vector<unsigned char> positions(layout.position_bytes());
+      std::vector<std::byte> memory(compress_channels_last_workspace_bytes<T>(serial, layout));
+      compress_channels_last<T>(serial, test::view_of(stored, logical),
+                                {layout, values.data(), positions.data()}, memory);
+
+      cuda_test::device_cache<T> out(layout);
+      const auto scratch =
+          cuda_test::device_workspace(compress_channels_last_workspace_bytes<T>(gpu, layout));
+      compress_channels_last<T>(gpu, {d_stored.data(), logical}, out.view(),
+                                cuda_test::as_workspace(scratch));
+      cuda_test::finish(gpu);
+      CHECK_BITS_EQUAL(out.values.download(), values);
+      CHECK(out.position_bytes() == positions);
+    });
+  }
+}
+
 TEST_CASE("cuda: bad inputs throw dropit::error naming the value") {
   const cuda_backend gpu{};
   const std::int64_t n = 1000;

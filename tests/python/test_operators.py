@@ -39,6 +39,10 @@ def test_cache_operators(policy, dtype, layout, device):
     arguments = policy.arguments(channel_axis=1, call=5)
     check(ops.compress, (x, *arguments))
     values, positions = ops.compress(x, *arguments)
+    # The cache is the contiguous tensor's whatever the layout: channels-last is read in place, in
+    # its logical order.
+    want_values, want_positions = ops.compress(x.contiguous(), *arguments)
+    assert torch.equal(values, want_values) and torch.equal(positions, want_positions)
     layout_words = policy.plan(x.shape, dtype, channel_axis=1, call=5)["layout"]
     check(ops.densify, (values, positions, layout_words))
     dense = ops.densify(values, positions, layout_words)

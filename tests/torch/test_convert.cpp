@@ -317,11 +317,13 @@ TEST_CASE("torch: non-contiguous, wrong-rank and mismatched layer inputs are rej
   dt::Linear linear(nn::LinearOptions(4, 3), DropitOptions().gamma(0.5));
   dt::Conv2d conv(nn::Conv2dOptions(2, 2, 3), DropitOptions().gamma(0.5));
   const at::Tensor transposed = ::torch::randn({4, 6}).t();  // [6, 4], not contiguous
-  CHECK_DROPIT_ERROR(linear(transposed), "not contiguous", "[6, 4]");
+  CHECK_DROPIT_ERROR(linear(transposed), "neither contiguous nor channels-last", "[6, 4]");
   // ReLU, elementwise, reads any strides (through a contiguous copy unless channels-last).
   const at::Tensor relu_input = ::torch::randn({4, 6}).requires_grad_();
   CHECK(same_values(dt::ReLU()(relu_input.t()), at::relu(relu_input.t())));
-  CHECK_DROPIT_ERROR(conv(::torch::randn({1, 2, 5, 5}).transpose(2, 3)), "not contiguous");
+  // A convolution reads contiguous and channels-last inputs; other strides are refused.
+  CHECK_DROPIT_ERROR(conv(::torch::randn({1, 2, 5, 5}).transpose(2, 3)),
+                     "neither contiguous nor channels-last");
   CHECK_DROPIT_ERROR(conv(::torch::randn({2, 5, 5})), "[N, C, H, W]", "[2, 5, 5]");
   CHECK_DROPIT_ERROR(linear(::torch::randn({2, 5})), "[2, 5]", "4 features");
   // A channel mismatch in conv2d is torch's own check; it must still throw, not crash.

@@ -49,7 +49,10 @@ TEST_CASE("torch: bad input table of the adapter") {
   const std::vector<bad_input> table{
       // compress: the tensor and the policy.
       {"non-contiguous input", [&] { dt::compress(::torch::randn({4, 6}).t(), spec()); },
-       {"not contiguous", "[6, 4]"}},
+       {"neither contiguous nor channels-last", "[6, 4]"}},
+      {"4-D input neither contiguous nor channels-last",
+       [&] { dt::compress(::torch::randn({2, 3, 5, 4}).transpose(2, 3), spec()); },
+       {"neither contiguous nor channels-last", "[2, 3, 4, 5]"}},
       {"input of dtype double", [&] { dt::compress(a.to(at::kDouble), spec()); },
        {"Double", "float32"}},
       {"input on another device", [&] { dt::compress(at::empty({6, 4}, meta.options()), spec()); },

@@ -504,6 +504,40 @@ TEST_CASE("torch: channels-last ReLU keeps its layout; its mask reads a gradient
   }
 }
 
+// A channels-last activation is compressed where it lies, in its logical order: its cache is the
+// contiguous copy's, so a convolution of a channels-last model learns what a contiguous one does.
+TEST_CASE("torch: a channels-last input is compressed in place, as its contiguous copy") {
+  ::torch::manual_seed(12);
+  // Planes of 35 pixels, cut mid-plane by chunks of 64; 70 channels.
+  const at::Tensor base = ::torch::randn({3, 70, 7, 5});
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const std::string dtype_name = c10::toString(dtype);
+    CAPTURE(dtype_name);
+    const at::Tensor x = base.to(dtype).contiguous(at::MemoryFormat::ChannelsLast);
+    REQUIRE_FALSE(x.is_contiguous());
+    for (const auto& p : policy_cases) {
+      const std::string policy = p.name;
+      CAPTURE(policy);
+      const dt::saved_cache mine = dt::compress(x, p.options.spec(1, 0));
+      const dt::saved_cache want = dt::compress(x.contiguous(), p.options.spec(1, 0));
+      CHECK(at::equal(mine.values, want.values));
+      CHECK(at::equal(mine.positions, want.positions));
+    }
+  }
+  // Through the layer: the output keeps the layout, dW is torch's on the contiguous copy's cache.
+  ::torch::nn::Conv2d dense(::torch::nn::Conv2dOptions(70, 8, 3).padding(1));
+  const DropitOptions options = DropitOptions().gamma(0.7).chunk_size(64);
+  dt::Conv2d ours(*dense, options);
+  const at::Tensor x = base.contiguous(at::MemoryFormat::ChannelsLast).requires_grad_();
+  const at::Tensor g = ::torch::randn({3, 8, 7, 5});
+  const auto mine = run([&] { return ours(x); }, g, {x, ours->weight});
+  CHECK(mine.output.is_contiguous(at::MemoryFormat::ChannelsLast));
+  const at::Tensor on_cache = dt::densify(dt::compress(base, options.spec(1, 0)));
+  const auto want = run([&] { return dense(on_cache); }, g, {dense->weight});
+  CHECK(at::allclose(mine.grads[1], want.grads[0], 1e-4, 1e-5));
+  CHECK(at::allclose(mine.grads[0], run([&] { return dense(x); }, g, {x}).grads[0], 1e-4, 1e-5));
+}
+
 TEST_CASE("torch: ReLU keeps a 1-bit mask, not its output") {
   dt::MemoryMeter meter;
   const std::int64_t n = 1000 * 1000 + 7;

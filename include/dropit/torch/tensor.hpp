@@ -110,6 +110,38 @@ inline void expect_usable(const at::Tensor& t, const char* what) {
   element_type_of_dtype(t.scalar_type(), what);
 }
 
+/// The memory format dropit's kernels read a tensor in (and the ReLU keeps): channels-last for a
+/// 4-D tensor stored that way, else contiguous.
+inline at::MemoryFormat kernel_memory_format(const at::Tensor& t) {
+  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast)
+             ? at::MemoryFormat::ChannelsLast
+             : at::MemoryFormat::Contiguous;
+}
+
+/// `expect_usable`, a 4-D tensor stored channels-last also taken.
+inline void expect_usable_any_format(const at::Tensor& t, const char* what) {
+  dropit::detail::expect(t.defined(), what, " is an undefined tensor");
+  dropit::detail::expect(t.is_contiguous(kernel_memory_format(t)), what, " of shape ", shape_of(t),
+                         " is neither contiguous nor channels-last; call .contiguous() first");
+  element_type_of_dtype(t.scalar_type(), what);
+}
+
+/// A tensor of dtype `T` stored densely (in any memory format), as a view of its elements in
+/// memory order.
+template <class T>
+requires storage_type<std::remove_const_t<T>> tensor_view<T> memory_order_view(
+    const at::Tensor& t) {
+  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), dropit::shape{t.numel()}};
+}
+
+/// A channels-last tensor of dtype `T` as the core's `_channels_last` functions take it: its
+/// logical shape over its data.
+template <class T>
+requires storage_type<std::remove_const_t<T>> tensor_view<T> channels_last_view(
+    const at::Tensor& t) {
+  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), shape_of(t)};
+}
+
 template <storage_type T>
 tensor_view<const T> const_view(const at::Tensor& t, const char* what) {
   expect_usable(t, what);
@@ -267,7 +299,7 @@ struct saved_cache {
 
 namespace detail {
 
-/// Compresses `input` into a cache of `layout`, planned for it.
+/// Compresses `input`, contiguous or channels-last, into a cache of `layout`, planned for it.
 inline saved_cache compress_planned(const at::Tensor& input, const cache_layout& layout) {
   saved_cache result;
   result.layout = layout;
@@ -280,11 +312,17 @@ inline saved_cache compress_planned(const at::Tensor& input, const cache_layout&
   on_device_of(input, "compress input", [&](const auto& backend) {
     visit_dtype(input.scalar_type(), "compress input", [&](auto tag) {
       using T = decltype(tag);
-      const scoped_workspace memory(compress_workspace_bytes<T>(backend, result.layout), input);
-      dropit::compress<T>(backend, const_view<T>(input, "compress input"),
-                          cache_view<T>{result.layout, static_cast<T*>(result.values.data_ptr()),
-                                        result.positions.data_ptr()},
-                          memory.span());
+      const cache_view<T> out{result.layout, static_cast<T*>(result.values.data_ptr()),
+                              result.positions.data_ptr()};
+      if (kernel_memory_format(input) == at::MemoryFormat::ChannelsLast) {
+        const scoped_workspace memory(
+            compress_channels_last_workspace_bytes<T>(backend, result.layout), input);
+        dropit::compress_channels_last<T>(backend, channels_last_view<const T>(input), out,
+                                          memory.span());
+      } else {
+        const scoped_workspace memory(compress_workspace_bytes<T>(backend, result.layout), input);
+        dropit::compress<T>(backend, const_view<T>(input, "compress input"), out, memory.span());
+      }
     });
   });
   return result;
@@ -292,9 +330,10 @@ inline saved_cache compress_planned(const at::Tensor& input, const cache_layout&
 
 }  // namespace detail
 
-/// Compresses `input` under `spec` into tensors allocated by torch.
+/// Compresses `input` under `spec` into tensors allocated by torch. A 4-D input stored
+/// channels-last is read in place, in its logical order: its cache is the contiguous tensor's.
 inline saved_cache compress(const at::Tensor& input, const policy_spec& spec) {
-  expect_usable(input, "compress input");
+  expect_usable_any_format(input, "compress input");
   return detail::compress_planned(
       input,
       plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input")));
@@ -343,7 +382,7 @@ inline saved_cache compress_for_layer(const at::Tensor& input, const policy_spec
   constexpr std::size_t remembered = 8;
   thread_local std::array<detail::remembered_cache, remembered> recent;
   thread_local std::size_t next = 0;
-  expect_usable(input, "compress input");
+  expect_usable_any_format(input, "compress input");
   const cache_layout wanted =
       plan_cache(spec, shape_of(input), element_type_of_dtype(input.scalar_type(), "input"));
   for (const detail::remembered_cache& entry : recent)
@@ -372,29 +411,6 @@ inline at::Tensor densify(const saved_cache& cache) {
   return out;
 }
 
-/// The memory format a ReLU keeps: channels-last for a 4-D tensor stored that way, else contiguous.
-inline at::MemoryFormat relu_memory_format(const at::Tensor& t) {
-  return t.dim() == 4 && !t.is_contiguous() && t.is_contiguous(at::MemoryFormat::ChannelsLast)
-             ? at::MemoryFormat::ChannelsLast
-             : at::MemoryFormat::Contiguous;
-}
-
-/// A tensor of dtype `T` stored densely (in any memory format), as a view of its elements in
-/// memory order.
-template <class T>
-requires storage_type<std::remove_const_t<T>> tensor_view<T> memory_order_view(
-    const at::Tensor& t) {
-  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), dropit::shape{t.numel()}};
-}
-
-/// A channels-last tensor of dtype `T` as the core's `_channels_last` ReLU functions take it: its
-/// logical shape over its data.
-template <class T>
-requires storage_type<std::remove_const_t<T>> tensor_view<T> channels_last_view(
-    const at::Tensor& t) {
-  return {static_cast<T*>(const_cast<void*>(t.data_ptr())), shape_of(t)};
-}
-
 /// ReLU of `input` and the 1-bit mask of where its output is positive, in one pass. The mask is in
 /// the tensor's logical order whatever its layout, so the gradient may come in another one. A
 /// channels-last input gives a channels-last output; any other layout is read as a contiguous
@@ -402,7 +418,7 @@ requires storage_type<std::remove_const_t<T>> tensor_view<T> channels_last_view(
 inline std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input) {
   dropit::detail::expect(input.defined(), "ReLU input is an undefined tensor");
   element_type_of_dtype(input.scalar_type(), "ReLU input");
-  const at::MemoryFormat format = relu_memory_format(input);
+  const at::MemoryFormat format = kernel_memory_format(input);
   const at::Tensor x = input.contiguous(format);
   at::Tensor output = at::empty_like(x, format);
   at::Tensor mask = at::empty({relu_mask_words(x.numel())}, x.options().dtype(at::kInt));
@@ -425,7 +441,7 @@ inline std::tuple<at::Tensor, at::Tensor> relu_with_mask(const at::Tensor& input
 /// `dx` has `dy`'s layout where that is contiguous or channels-last.
 inline at::Tensor relu_backward(const at::Tensor& dy_any, const at::Tensor& mask) {
   dropit::detail::expect(dy_any.defined(), "ReLU gradient is an undefined tensor");
-  const at::MemoryFormat format = relu_memory_format(dy_any);
+  const at::MemoryFormat format = kernel_memory_format(dy_any);
   // A gradient in another layout (an expanded one from a sum, say) is copied once and masked in
   // place: the copy is already a tensor of its own.
   const bool copied = !dy_any.is_contiguous(format);

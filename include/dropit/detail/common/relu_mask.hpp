@@ -14,14 +14,6 @@ namespace dropit {
 /// 32-bit words of the mask of `n` elements.
 DROPIT_HOST_DEVICE constexpr std::int64_t relu_mask_words(std::int64_t n) { return (n + 31) / 32; }
 
-/// A 4-D tensor stored channels-last, as the ReLU mask loops see it: `images` blocks of `pixels`
-/// rows of `channels` elements in memory. Its mask keeps the bits in the tensor's logical order
-/// (image, channel, pixel): the mask of the same tensor stored contiguously, so that either
-/// layout's gradient can be masked with it.
-struct channels_last_dims {
-  std::int64_t images = 0, channels = 0, pixels = 0;
-};
-
 namespace detail {
 
 /// Whether ReLU passes the gradient at output `y`: `!(y <= 0)` (positive, +inf or any NaN), decided
@@ -71,12 +63,6 @@ DROPIT_HOST_DEVICE inline std::uint32_t load_mask_bits(const std::uint32_t* word
   std::uint64_t bits = words[word] >> shift;
   if (shift + length > 32) bits |= static_cast<std::uint64_t>(words[word + 1]) << (32 - shift);
   return static_cast<std::uint32_t>(bits & low_bits(length));
-}
-
-/// The channels-last view of a 4-D logical shape [images, channels, height, width].
-inline channels_last_dims check_channels_last(const shape& s, const char* what) {
-  expect(s.rank == 4, what, " of shape ", s, " is not 4-D; channels-last needs [N, C, H, W]");
-  return {s.extents[0], s.extents[1], s.extents[2] * s.extents[3]};
 }
 
 template <class DY, class DX>

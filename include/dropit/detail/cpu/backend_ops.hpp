@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 #include "../../backend.hpp"
 #include "../../cache.hpp"
@@ -22,16 +23,19 @@ struct backend_ops<cpu_backend> {
   /// The CPU backend reads and writes host memory; there is nothing more to check about a pointer.
   static void expect_accessible(const cpu_backend&, const void*, std::size_t, const char*) {}
 
+  /// compress reads `input` contiguous, or channels-last where `channels_last` is set.
   template <storage_type T>
-  static std::size_t compress_workspace_bytes(const cpu_backend& backend,
-                                              const cache_layout& layout) {
-    return cpu::compress_workspace_bytes<T>(backend, layout);
+  static std::size_t compress_workspace_bytes(
+      const cpu_backend& backend, const cache_layout& layout,
+      const std::optional<channels_last_dims>& channels_last) {
+    return cpu::compress_workspace_bytes<T>(backend, layout, channels_last);
   }
 
   template <storage_type T>
-  static void compress(const cpu_backend& backend, const T* input, const cache_view<T>& out,
-                       workspace memory) {
-    cpu::compress(backend, input, out, memory);
+  static void compress(const cpu_backend& backend, const T* input,
+                       const std::optional<channels_last_dims>& channels_last,
+                       const cache_view<T>& out, workspace memory) {
+    cpu::compress(backend, input, channels_last, out, memory);
   }
 
   template <storage_type T>
@@ -113,7 +117,9 @@ struct backend_ops<cpu_backend> {
 // dropit/cpu_instances.cpp. Such a program compiles the CPU loops (each instruction set, each
 // selection) once instead of in every translation unit that reaches them.
 #define DROPIT_CPU_OPERATIONS(kind, T)                                                           \
-  kind void cpu::compress<T>(const cpu_backend&, const T*, const cache_view<T>&, workspace);     \
+  kind void cpu::compress<T>(const cpu_backend&, const T*,                                       \
+                             const std::optional<channels_last_dims>&, const cache_view<T>&,     \
+                             workspace);                                                         \
   kind void cpu::densify<T>(const cpu_backend&, const cache_view<const T>&, T*, workspace);      \
   kind void cpu::linear_weight_grad<T>(const cpu_backend&, const cache_view<const T>&, const T*, \
                                        T*, const linear_dims&, grad_mode,                        \

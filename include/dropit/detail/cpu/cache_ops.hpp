@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <new>
 #include <numeric>
+#include <optional>
 #include <type_traits>
 
 #include "../../cache.hpp"
 #include "../../policy.hpp"
+#include "../../shape.hpp"
 #include "../common/keys.hpp"
 #include "../common/workspace.hpp"
 #include "parallel.hpp"
@@ -25,15 +27,15 @@ namespace dropit::detail::cpu {
 // Element granularity.
 
 /// Selection keys of elements [first, last) of one chunk into `keys[first, last)`, from the
-/// layout's selection: ranked values of `input`, or generator draws (regenerable without it).
+/// layout's selection: ranked values of the chunk's elements `data`, or generator draws
+/// (regenerable without them).
 template <storage_type T>
-void range_keys(const cache_layout& layout, const T* input, std::int64_t chunk, std::int64_t first,
+void range_keys(const cache_layout& layout, const T* data, std::int64_t chunk, std::int64_t first,
                 std::int64_t last, std::uint32_t* keys) {
   const auto stream = static_cast<std::uint64_t>(chunk);
   visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
     using traits = selection_traits<S>;
     if constexpr (traits::ranks_values) {
-      const T* data = input + layout.chunk_begin(chunk);
       for (std::int64_t i = first; i < last; ++i)
         keys[i] = traits::key(data[i], layout.seed, stream, static_cast<std::uint64_t>(i));
     } else {
@@ -43,11 +45,11 @@ void range_keys(const cache_layout& layout, const T* input, std::int64_t chunk, 
   });
 }
 
-/// Selection keys of a whole chunk into `keys[0, length)`.
+/// Selection keys of a whole chunk, whose elements are `data`, into `keys[0, length)`.
 template <storage_type T>
-void chunk_keys(const cache_layout& layout, const T* input, std::int64_t chunk,
+void chunk_keys(const cache_layout& layout, const T* data, std::int64_t chunk,
                 std::uint32_t* keys) {
-  range_keys(layout, input, chunk, 0, layout.chunk_length(chunk), keys);
+  range_keys(layout, data, chunk, 0, layout.chunk_length(chunk), keys);
 }
 
 /// Scratch keys one thread needs for an element layout: the longest chunk's keys and the
@@ -81,15 +83,15 @@ void for_each_chunk(const cpu_backend& backend, const cache_layout& layout, Body
   });
 }
 
-/// Stores the kept elements among positions [first, first + length) of `chunk`, whose keys are
-/// `keys[0, length)`, under `cut`: their values from the chunk's value `stored_before` on, and
-/// their positions in the layout's encoding. `first` is a multiple of 32, so bitmask words are
-/// whole.
+/// Stores the kept elements among positions [first, first + length) of `chunk`, whose elements
+/// are `chunk_data` and the keys of those positions `keys[0, length)`, under `cut`: their values
+/// from the chunk's value `stored_before` on, and their positions in the layout's encoding.
+/// `first` is a multiple of 32, so bitmask words are whole.
 template <storage_type T>
-void emit_kept_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
+void emit_kept_kernel(const cache_layout& layout, const T* chunk_data, std::int64_t chunk,
                       std::int64_t first, std::int64_t length, const std::uint32_t* keys,
                       threshold cut, const cache_view<T>& out, std::int64_t stored_before) {
-  const T* data = input + layout.chunk_begin(chunk) + first;
+  const T* data = chunk_data + first;
   T* values = out.values + layout.values_begin(chunk) + stored_before;
   // Kept indices come a block at a time; the loops over them have fixed trip counts.
   const auto no_words = [](std::int64_t, std::uint32_t) {};
@@ -133,13 +135,14 @@ void emit_kept_kernel(const cache_layout& layout, const T* input, std::int64_t c
 }
 DROPIT_CPU_DISPATCH(emit_kept)
 
+/// Compresses `chunk`, whose elements are `data`.
 template <storage_type T>
-void compress_chunk_kernel(const cache_layout& layout, const T* input, std::int64_t chunk,
+void compress_chunk_kernel(const cache_layout& layout, const T* data, std::int64_t chunk,
                            const cache_view<T>& out, std::uint32_t* scratch) {
   std::uint32_t* keys = scratch;
-  chunk_keys(layout, input, chunk, keys);
+  chunk_keys(layout, data, chunk, keys);
   const threshold cut = chunk_threshold(layout, chunk, keys);
-  emit_kept_kernel(layout, input, chunk, 0, layout.chunk_length(chunk), keys, cut, out, 0);
+  emit_kept_kernel(layout, data, chunk, 0, layout.chunk_length(chunk), keys, cut, out, 0);
 }
 DROPIT_CPU_DISPATCH(compress_chunk)
 
@@ -476,40 +479,174 @@ void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
          layout.chunk_length(std::max<std::int64_t>(bad, 0)));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Inputs stored channels-last, read in logical order.
+
+/// Channels [channel_begin, channel_end) at pixels [pixel_begin, pixel_end) of one channels-last
+/// image `pixels` (rows of `channels` elements) into `out[offset + channel * plane + pixel]`:
+/// blocks of 16 pixels by 8 channels go through a tile (16 short row reads, 8 column writes of
+/// a float's cache line each), the edges element by element.
+template <class T>
+void copy_channels_last_block(const T* pixels, std::int64_t channels, std::int64_t plane,
+                              std::int64_t channel_begin, std::int64_t channel_end,
+                              std::int64_t pixel_begin, std::int64_t pixel_end, T* out,
+                              std::int64_t offset) {
+  constexpr std::int64_t pixel_block = 16, channel_block = 8;
+  for (std::int64_t p0 = pixel_begin; p0 < pixel_end; p0 += pixel_block) {
+    const std::int64_t pixel_count = std::min(pixel_block, pixel_end - p0);
+    for (std::int64_t c0 = channel_begin; c0 < channel_end; c0 += channel_block) {
+      const std::int64_t channel_count = std::min(channel_block, channel_end - c0);
+      const T* rows = pixels + p0 * channels + c0;
+      T* columns = out + (offset + c0 * plane + p0);
+      if (pixel_count == pixel_block && channel_count == channel_block) {
+        T tile[channel_block][pixel_block];
+        for (std::int64_t i = 0; i < pixel_block; ++i)
+          for (std::int64_t j = 0; j < channel_block; ++j) tile[j][i] = rows[i * channels + j];
+        for (std::int64_t j = 0; j < channel_block; ++j)
+          for (std::int64_t i = 0; i < pixel_block; ++i) columns[j * plane + i] = tile[j][i];
+      } else {
+        for (std::int64_t j = 0; j < channel_count; ++j)
+          for (std::int64_t i = 0; i < pixel_count; ++i)
+            columns[j * plane + i] = rows[i * channels + j];
+      }
+    }
+  }
+}
+
+/// Elements [first, first + length) of a tensor stored channels-last, in its logical order, into
+/// `out[0, length)`. Within an image the range is channels first_channel to last_channel, the
+/// first from pixel first_pixel on and the last up to end_pixel.
+template <class T>
+void gather_channels_last(const channels_last_dims& d, const T* input, std::int64_t first,
+                          std::int64_t length, T* out) {
+  const std::int64_t plane = d.pixels, image_size = d.channels * d.pixels;
+  for (std::int64_t position = first, end = first + length; position < end;) {
+    const std::int64_t image = position / image_size;
+    const std::int64_t image_end = std::min(end, (image + 1) * image_size);
+    const std::int64_t begin = position - image * image_size,
+                       finish = image_end - image * image_size;
+    const std::int64_t first_channel = begin / plane, first_pixel = begin % plane;
+    const std::int64_t last_channel = (finish - 1) / plane, end_pixel = (finish - 1) % plane + 1;
+    const T* pixels = input + image * image_size;
+    // out[offset + logical offset in the image] for the range's part of this image.
+    const std::int64_t offset = (position - first) - begin;
+    const auto copy = [&](std::int64_t c0, std::int64_t c1, std::int64_t p0, std::int64_t p1) {
+      copy_channels_last_block(pixels, d.channels, plane, c0, c1, p0, p1, out, offset);
+    };
+    if (first_channel == last_channel) {
+      copy(first_channel, first_channel + 1, first_pixel, end_pixel);
+    } else {
+      copy(first_channel, first_channel + 1, first_pixel, plane);
+      copy(first_channel + 1, last_channel, 0, plane);
+      copy(last_channel, last_channel + 1, 0, end_pixel);
+    }
+    position = image_end;
+  }
+}
+
+/// The whole of a tensor stored channels-last, in logical order, into `out`.
+template <class T>
+void transpose_channels_last(const cpu_backend& backend, const channels_last_dims& d,
+                             const T* input, T* out) {
+  constexpr std::int64_t range = std::int64_t{1} << 16;
+  const std::int64_t n = d.images * d.channels * d.pixels;
+  parallel_for(backend, (n + range - 1) / range, [&](std::int64_t r, int) {
+    const std::int64_t first = r * range;
+    gather_channels_last(d, input, first, std::min(range, n - first), out + first);
+  });
+}
+
+/// Whether compress reads a channels-last input as a transposed copy of the whole of it: a
+/// channel selection, or one chunk shared by every thread. Otherwise each thread gathers the chunk
+/// it selects.
+inline bool transposes_whole_input(const cpu_backend& backend, const cache_layout& layout) {
+  return layout.channel_granularity || selects_shared_chunk(backend, layout);
+}
+
+/// Where compress puts a channels-last input in logical order (see transposes_whole_input).
+template <class T>
+struct logical_input_scratch {
+  T* chunks = nullptr;  // thread t's chunk at t * chunk_elements
+  std::int64_t chunk_elements = 0;
+  T* whole = nullptr;
+};
+
+template <class T>
+logical_input_scratch<T> add_logical_input_scratch(
+    workspace_carver& carver, const cpu_backend& backend, const cache_layout& layout,
+    const std::optional<channels_last_dims>& channels_last) {
+  logical_input_scratch<T> scratch;
+  if (!channels_last) return scratch;
+  if (transposes_whole_input(backend, layout)) {
+    scratch.whole = carver.add<T>(layout.numel());
+  } else {
+    const auto threads = std::max<std::int64_t>(
+        1, std::min<std::int64_t>(backend.thread_count(), layout.chunk_count()));
+    scratch.chunk_elements = std::min(layout.chunk_size, layout.numel());
+    scratch.chunks = carver.add<T>(threads, scratch.chunk_elements);
+  }
+  return scratch;
+}
+
+// ---------------------------------------------------------------------------------------------
+// compress and densify.
+
 template <storage_type T>
-std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout) {
+std::size_t compress_workspace_bytes(const cpu_backend& backend, const cache_layout& layout,
+                                     const std::optional<channels_last_dims>& channels_last) {
   workspace_carver carver;
   add_read_scratch(carver, backend, layout, true);
+  add_logical_input_scratch<T>(carver, backend, layout, channels_last);
   return carver.bytes();
 }
 
+/// Sparsifies `input`, stored contiguously or, where `channels_last` is set, channels-last, into
+/// `out`. Either way the cache is that of the tensor's logical order.
 template <storage_type T>
-void compress(const cpu_backend& backend, const T* input, const cache_view<T>& out,
+void compress(const cpu_backend& backend, const T* input,
+              const std::optional<channels_last_dims>& channels_last, const cache_view<T>& out,
               workspace memory) {
   const cache_layout& layout = out.layout;
   workspace_carver carver(memory);
   const read_scratch scratch = add_read_scratch(carver, backend, layout, true);
+  const logical_input_scratch<T> reordered =
+      add_logical_input_scratch<T>(carver, backend, layout, channels_last);
+  const bool transposes = channels_last && transposes_whole_input(backend, layout);
+  const bool gathers_chunks = channels_last && !transposes;
+  // The input in logical order, where it is read whole.
+  const T* logical = input;
+  if (transposes) {
+    transpose_channels_last(backend, *channels_last, input, reordered.whole);
+    logical = reordered.whole;
+  }
 
   if (layout.channel_granularity) {
     std::uint32_t* list = layout.encoding == position_encoding::channel_list
                               ? static_cast<std::uint32_t*>(out.positions)
                               : scratch.channel_list;
-    select_channels(backend, layout, input, scratch.scores, scratch.order, list);
+    select_channels(backend, layout, logical, scratch.scores, scratch.order, list);
     const std::int64_t kept = layout.kept_channels, inner = layout.inner;
     // copy_n, not memcpy: with inner == 0 both buffers may be null, which memcpy does not allow.
     parallel_for(backend, layout.outer, [&](std::int64_t o, int) {
       for (std::int64_t j = 0; j < kept; ++j)
-        std::copy_n(input + (o * layout.channels + list[j]) * inner, inner,
+        std::copy_n(logical + (o * layout.channels + list[j]) * inner, inner,
                     out.values + (o * kept + j) * inner);
     });
     return;
   }
   if (selects_shared_chunk(backend, layout)) {
-    compress_shared_chunk(backend, layout, input, out, scratch.keys, scratch.shared);
+    compress_shared_chunk(backend, layout, logical, out, scratch.keys, scratch.shared);
     return;
   }
   for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
-    compress_chunk(layout, input, chunk, out, scratch.keys + thread * scratch.keys_per_thread);
+    const T* data = logical + layout.chunk_begin(chunk);
+    if (gathers_chunks) {
+      T* gathered = reordered.chunks + thread * reordered.chunk_elements;
+      gather_channels_last(*channels_last, input, layout.chunk_begin(chunk),
+                           layout.chunk_length(chunk), gathered);
+      data = gathered;
+    }
+    compress_chunk(layout, data, chunk, out, scratch.keys + thread * scratch.keys_per_thread);
   });
 }
 

@@ -15,17 +15,20 @@
 namespace dropit::detail {
 
 template <storage_type T>
-std::size_t backend_ops<cuda_backend>::compress_workspace_bytes(const cuda_backend&,
-                                                                const cache_layout& layout) {
-  return workspace_bytes_of(
-      [&](workspace_carver& carver) { cuda::add_compress_scratch(carver, layout); });
+std::size_t backend_ops<cuda_backend>::compress_workspace_bytes(
+    const cuda_backend&, const cache_layout& layout,
+    const std::optional<channels_last_dims>& channels_last) {
+  return workspace_bytes_of([&](workspace_carver& carver) {
+    cuda::add_compress_scratch<T>(carver, layout, channels_last);
+  });
 }
 
 template <storage_type T>
 void backend_ops<cuda_backend>::compress(const cuda_backend& backend, const T* input,
+                                         const std::optional<channels_last_dims>& channels_last,
                                          const cache_view<T>& out, workspace memory) {
   cuda::expect_no_pending_error("compress");
-  cuda::compress(backend.stream, input, out, memory);
+  cuda::compress(backend.stream, input, channels_last, out, memory);
 }
 
 template <storage_type T>

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <type_traits>
 #include <unordered_map>
 
@@ -94,6 +95,7 @@ struct compress_scratch {
   std::int64_t runs = 0;                  // runs of channel_score_block per channel
   std::uint64_t* channel_keys = nullptr;  // channel min-k
   std::uint32_t* channel_list = nullptr;  // seeded channel caches (not stored in the cache)
+  void* logical_input = nullptr;          // an input stored channels-last, in logical order
 };
 
 /// Whether the layout's selection picks from the whole tensor at once (many blocks) rather than
@@ -104,8 +106,12 @@ inline bool whole_tensor_selection(const cache_layout& layout) {
   });
 }
 
-inline compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layout& layout) {
+/// The scratch of compress; `channels_last` is set where the input is stored so.
+template <storage_type T>
+compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layout& layout,
+                                      const std::optional<channels_last_dims>& channels_last) {
   compress_scratch s;
+  if (channels_last) s.logical_input = carver.add<T>(layout.numel());
   if (layout.channel_granularity) {
     if (layout.stores_positions()) {  // channels ranked by score
       s.runs = (layout.outer * layout.inner + channel_score_block - 1) / channel_score_block;
@@ -264,14 +270,38 @@ void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>&
   check_launch("dropit channel_gather_kernel");
 }
 
+/// The logical order of a tensor stored channels-last into `out`: a copy, so the kernel moves
+/// the elements' bits.
 template <storage_type T>
-void compress(cudaStream_t stream, const T* input, const cache_view<T>& out, workspace memory) {
+void transpose_channels_last(cudaStream_t stream, const T* input, T* out,
+                             const channels_last_dims& d) {
+  const channels_last_tiles tiles(d);
+  if (tiles.count == 0) return;
+  using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+  static_assert(sizeof(T) == sizeof(bits));
+  transpose_channels_last_kernel<bits><<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(
+      reinterpret_cast<const bits*>(input), reinterpret_cast<bits*>(out), d);
+  check_launch("dropit transpose_channels_last_kernel");
+}
+
+/// Sparsifies `input`, stored contiguously or, where `channels_last` is set, channels-last (then
+/// transposed into the workspace first, and selected as the contiguous tensor), into `out`.
+template <storage_type T>
+void compress(cudaStream_t stream, const T* input,
+              const std::optional<channels_last_dims>& channels_last, const cache_view<T>& out,
+              workspace memory) {
   workspace_carver carver(memory);
-  const compress_scratch scratch = add_compress_scratch(carver, out.layout);
+  const compress_scratch scratch = add_compress_scratch<T>(carver, out.layout, channels_last);
+  const T* logical = input;
+  if (channels_last) {
+    auto* transposed = static_cast<T*>(scratch.logical_input);
+    transpose_channels_last(stream, input, transposed, *channels_last);
+    logical = transposed;
+  }
   if (out.layout.channel_granularity)
-    compress_channels(stream, input, out, scratch);
+    compress_channels(stream, logical, out, scratch);
   else
-    compress_elements(stream, input, out, scratch);
+    compress_elements(stream, logical, out, scratch);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@
 // - pack_relu_mask / apply_relu_mask: one warp vote per mask word; one thread per element.
 // - their channels-last forms: a block per tile of 32 pixels by 32 channels (a shared-memory
 //   transpose, then one vote per channel's word).
+// - transpose_channels_last: the same tiles, copied into logical order for compress (a
+//   channels-last input is selected as its contiguous copy in the workspace).
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -751,6 +753,30 @@ struct channels_last_tiles {
     return t;
   }
 };
+
+/// The logical order of a channels-last tensor: a block reads a tile of 32 pixel rows by 32
+/// channels (a row's channels adjacent in memory) into shared memory and writes it transposed,
+/// each channel's 32 pixels adjacent. `Bits` is an unsigned type of the elements' size: a copy.
+template <class Bits>
+DROPIT_KERNEL void transpose_channels_last_kernel(const Bits* input, Bits* out,
+                                                  channels_last_dims d) {
+  constexpr int warps = block_threads / 32;
+  __shared__ Bits tile_elements[32][33];
+  const int lane = static_cast<int>(threadIdx.x & 31u), warp = static_cast<int>(threadIdx.x / 32);
+  const channels_last_tiles tiles(d);
+  for (std::int64_t tile = blockIdx.x; tile < tiles.count; tile += gridDim.x) {
+    const auto [c0, p0, image, pixels, channels] = tiles[tile];
+    for (int row = warp; row < pixels; row += warps)
+      if (lane < channels)
+        tile_elements[row][lane] = input[(image * d.pixels + p0 + row) * d.channels + c0 + lane];
+    __syncthreads();
+    for (int column = warp; column < channels; column += warps)
+      if (lane < pixels)
+        out[(image * d.channels + c0 + column) * d.pixels + p0 + lane] =
+            tile_elements[lane][column];
+    __syncthreads();
+  }
+}
 
 /// A channels-last `relu(x)` into `y` (unless null; `y` may be `x`) and its mask in logical order:
 /// a block reads a tile of 32 pixel rows by 32 channels and transposes its pass bits through
