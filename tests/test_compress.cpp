@@ -327,13 +327,7 @@ TEST_CASE("min-k: NaNs with different payloads tie, lower index first") {
 // every policy and whether chunks are gathered one by one or the tensor is transposed whole.
 TEST_CASE_TEMPLATE("compress of a channels-last tensor is the contiguous tensor's", T, float, half,
                    bfloat16) {
-  using test::channels_last_case;
-  // Planes shorter than a chunk and cut by chunks mid-plane; a chunk ending mid-image; one
-  // channel; a tensor past the 2^16 elements that several threads select together; empty.
-  for (const channels_last_case d :
-       {channels_last_case{3, 70, 7, 5}, channels_last_case{2, 130, 9, 9},
-        channels_last_case{5, 1, 3, 11}, channels_last_case{2, 3, 120, 100},
-        channels_last_case{2, 4, 0, 3}}) {
+  for (const test::channels_last_case& d : test::channels_last_cases) {
     const std::int64_t n = d.numel();
     CAPTURE(d.channels);
     CAPTURE(d.pixels());

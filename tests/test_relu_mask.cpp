@@ -82,13 +82,7 @@ TEST_CASE_TEMPLATE("ReLU forward with its mask: relu(x) and the mask of relu(x) 
 // (n * C + c) * P + p, while the elements lie at (n * P + p) * C + c.
 TEST_CASE_TEMPLATE("ReLU mask of a channels-last tensor is in its logical order", T, float, half,
                    bfloat16) {
-  using test::channels_last_case;
-  // Planes that start mid-word; tiles of channels cut short; one channel; a plane split over
-  // work items (3 channels: 43 680 pixels an item); empty.
-  for (const channels_last_case d :
-       {channels_last_case{3, 70, 7, 5}, channels_last_case{2, 130, 9, 9},
-        channels_last_case{5, 1, 3, 11}, channels_last_case{2, 3, 300, 200},
-        channels_last_case{2, 4, 0, 3}}) {
+  for (const test::channels_last_case& d : test::channels_last_cases) {
     const std::int64_t pixels = d.pixels(), n = d.numel();
     CAPTURE(d.images);
     CAPTURE(d.channels);

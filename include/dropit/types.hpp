@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string_view>
+#include <type_traits>
 
 #include "config.hpp"
 
@@ -142,5 +143,13 @@ DROPIT_HOST_DEVICE inline std::uint32_t bits_of(T value) {
   else
     return value.bits;
 }
+
+namespace detail {
+
+/// The unsigned integer of a stored value's size: elements copied or masked as plain bits.
+template <storage_type T>
+using element_bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+
+}  // namespace detail
 
 }  // namespace dropit

@@ -27,15 +27,22 @@ void for_each_mask_word_range(const cpu_backend& backend, std::int64_t n, Visit&
   });
 }
 
-/// The bits of a 16- or 32-bit element, so that masking is an AND and the loops vectorise.
+/// `*out = bit ? *in : 0` (bit 0 of `bit`), as an AND of the element's bits, so that the loops
+/// vectorise.
 template <class T>
-using element_bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
+DROPIT_ALWAYS_INLINE void store_masked(T* out, const T* in, std::uint32_t bit) {
+  using bits_type = element_bits<T>;
+  const auto keep = static_cast<bits_type>(0u - (bit & 1u));
+  bits_type value;
+  std::memcpy(&value, in, sizeof value);
+  value &= keep;
+  std::memcpy(static_cast<void*>(out), &value, sizeof value);
+}
 
 /// Mask words [first, last) of `x`, and `relu(x)` into `y` unless `y` is null (`y` may be `x`).
 template <class T>
 void pack_mask_words_kernel(const T* x, T* y, std::uint32_t* words, std::int64_t n,
                             std::int64_t first, std::int64_t last) {
-  using bits_type = element_bits<T>;
   for (std::int64_t w = first; w < last; ++w) {
     const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
     const T* in = x + w * 32;
@@ -45,13 +52,7 @@ void pack_mask_words_kernel(const T* x, T* y, std::uint32_t* words, std::int64_t
     words[w] = bits;
     if (y == nullptr) continue;
     T* out = y + w * 32;
-    for (int j = 0; j < length; ++j) {
-      const auto keep = static_cast<bits_type>(0u - ((bits >> j) & 1u));
-      bits_type value;
-      std::memcpy(&value, &in[j], sizeof value);
-      value &= keep;
-      std::memcpy(static_cast<void*>(&out[j]), &value, sizeof value);
-    }
+    for (int j = 0; j < length; ++j) store_masked(&out[j], &in[j], bits >> j);
   }
 }
 DROPIT_CPU_DISPATCH(pack_mask_words)
@@ -60,16 +61,9 @@ DROPIT_CPU_DISPATCH(pack_mask_words)
 template <class T>
 void apply_mask_words_kernel(const std::uint32_t* words, const T* dy, T* dx, std::int64_t n,
                              std::int64_t first, std::int64_t last) {
-  using bits_type = element_bits<T>;
   for (std::int64_t w = first; w < last; ++w) {
     const int length = static_cast<int>(std::min<std::int64_t>(32, n - w * 32));
-    for (int j = 0; j < length; ++j) {
-      const auto keep = static_cast<bits_type>(0u - ((words[w] >> j) & 1u));
-      bits_type value;
-      std::memcpy(&value, &dy[w * 32 + j], sizeof value);
-      value &= keep;
-      std::memcpy(static_cast<void*>(&dx[w * 32 + j]), &value, sizeof value);
-    }
+    for (int j = 0; j < length; ++j) store_masked(&dx[w * 32 + j], &dy[w * 32 + j], words[w] >> j);
   }
 }
 DROPIT_CPU_DISPATCH(apply_mask_words)
@@ -118,7 +112,6 @@ template <class T>
 void pack_mask_channels_last_kernel(const T* x, T* y, std::uint32_t* words,
                                     const channels_last_dims& d, std::int64_t image,
                                     std::int64_t first_pixel, std::int64_t last_pixel) {
-  using bits_type = element_bits<T>;
   const auto pack_tile = [&](std::int64_t p0, int length, std::int64_t c0, int channels) {
     std::uint32_t tile_bits[mask_tile_channels] = {};
     for (int j = 0; j < length; ++j) {
@@ -128,13 +121,7 @@ void pack_mask_channels_last_kernel(const T* x, T* y, std::uint32_t* words,
         tile_bits[c] |= static_cast<std::uint32_t>(!(to_float(in[c]) <= 0.0f)) << j;
       if (y == nullptr) continue;
       T* out = y + row;
-      for (int c = 0; c < channels; ++c) {
-        const auto keep = static_cast<bits_type>(0u - ((tile_bits[c] >> j) & 1u));
-        bits_type value;
-        std::memcpy(&value, &in[c], sizeof value);
-        value &= keep;
-        std::memcpy(static_cast<void*>(&out[c]), &value, sizeof value);
-      }
+      for (int c = 0; c < channels; ++c) store_masked(&out[c], &in[c], tile_bits[c] >> j);
     }
     for (int c = 0; c < channels; ++c) {
       const std::int64_t plane = (image * d.channels + c0 + c) * d.pixels;
@@ -155,20 +142,14 @@ template <class T>
 void apply_mask_channels_last_kernel(const std::uint32_t* words, const T* dy, T* dx,
                                      const channels_last_dims& d, std::int64_t image,
                                      std::int64_t first_pixel, std::int64_t last_pixel) {
-  using bits_type = element_bits<T>;
   const auto apply_tile = [&](std::int64_t p0, int length, std::int64_t c0, int channels) {
     std::uint32_t tile_bits[mask_tile_channels];
     for (int c = 0; c < channels; ++c)
       tile_bits[c] = load_mask_bits(words, (image * d.channels + c0 + c) * d.pixels + p0, length);
     for (int j = 0; j < length; ++j) {
       const std::int64_t row = (image * d.pixels + p0 + j) * d.channels + c0;
-      for (int c = 0; c < channels; ++c) {
-        const auto keep = static_cast<bits_type>(0u - ((tile_bits[c] >> j) & 1u));
-        bits_type value;
-        std::memcpy(&value, &dy[row + c], sizeof value);
-        value &= keep;
-        std::memcpy(static_cast<void*>(&dx[row + c]), &value, sizeof value);
-      }
+      for (int c = 0; c < channels; ++c)
+        store_masked(&dx[row + c], &dy[row + c], tile_bits[c] >> j);
     }
   };
   for_each_mask_tile(first_pixel, last_pixel, d.channels, apply_tile);

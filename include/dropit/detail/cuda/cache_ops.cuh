@@ -277,8 +277,7 @@ void transpose_channels_last(cudaStream_t stream, const T* input, T* out,
                              const channels_last_dims& d) {
   const channels_last_tiles tiles(d);
   if (tiles.count == 0) return;
-  using bits = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint16_t>;
-  static_assert(sizeof(T) == sizeof(bits));
+  using bits = element_bits<T>;
   transpose_channels_last_kernel<bits><<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(
       reinterpret_cast<const bits*>(input), reinterpret_cast<bits*>(out), d);
   check_launch("dropit transpose_channels_last_kernel");
