@@ -54,6 +54,12 @@ class MemoryPlan:
     planned_seconds: float = 0.0  # ... and as planned, timed interleaved with dense
     met: bool = False  # whether the planned model holds no more than the budget
     blocks: List[BlockPlan] = field(default_factory=list)
+    # What planning cost: the loss's forwards run alone (bytes of each configuration tried, once;
+    # block times), its training steps (forward and backward: one to warm up, the rest timed), and
+    # the wall-clock seconds of it all.
+    planning_forwards: int = 0
+    planning_steps: int = 0
+    planning_seconds: float = 0.0
 
     @property
     def held_ratio(self) -> float:
@@ -67,7 +73,9 @@ class MemoryPlan:
         lines = [f"memory plan for budget {self.budget:.3f} of dense: holds {self.held_ratio:.3f}x "
                  f"({self.planned_held} of {self.dense_held} B) at {self.time_ratio:.3f}x step time"
                  + ("" if self.met else " -- budget NOT met: every block at its most frugal tool "
-                    "holds more")]
+                    "holds more")
+                 + f"; planned in {self.planning_seconds:.1f} s ({self.planning_forwards} "
+                 f"forwards, {self.planning_steps} steps)"]
         for block in self.blocks:
             line = f"  {block.name}: {block.tool}"
             if block.tool != "keep":
@@ -130,6 +138,8 @@ class _Bench:
                  device: torch.device, rounds: int):
         self.model, self.blocks, self.loss_fn = model, blocks, loss_fn
         self.device, self.rounds = device, rounds
+        self.held_bytes: Dict[Tuple[str, ...], int] = {}
+        self.forwards = self.steps = 0  # the loss's forwards run alone, and training steps
 
     def apply(self, tools: Sequence[str]):
         for block, tool in zip(self.blocks, tools):
@@ -148,15 +158,23 @@ class _Bench:
         return loss
 
     def held(self, tools: Sequence[str]) -> int:
-        """Bytes the graph holds after the loss's forward (the loss itself excluded); then
-        backward."""
+        """Bytes the graph holds after the loss's forward (the loss itself excluded), measured once
+        per configuration (the allocator's count does not vary between forwards). The graph is
+        dropped unused: a backward would free nothing more and cost about twice the forward."""
+        key = tuple(tools)
+        if key not in self.held_bytes:
+            self.apply(tools)
+            self.model.zero_grad(set_to_none=True)
+            with memory.measure(self.device) as measured:
+                loss = self.loss()
+            self.forwards += 1
+            self.held_bytes[key] = measured.retained_bytes - loss.element_size() * loss.numel()
+        return self.held_bytes[key]
+
+    def warm_up(self, tools: Sequence[str]):
+        """One training step of ``tools``, untimed: allocations and kernels' first-call set-up."""
         self.apply(tools)
-        self.model.zero_grad(set_to_none=True)
-        with memory.measure(self.device) as measured:
-            loss = self.loss()
-        held = measured.retained_bytes - loss.element_size() * loss.numel()
-        loss.backward()
-        return held
+        self.step_seconds()
 
     def forward_seconds(self) -> List[float]:
         """Median seconds of each block's forward in the dense model, during the loss's forward."""
@@ -180,6 +198,7 @@ class _Bench:
                     per_block.append(0.0)
                 self.model.zero_grad(set_to_none=True)
                 self.loss()  # the graph is dropped unused
+                self.forwards += 1
         finally:
             for handle in handles:
                 handle.remove()
@@ -190,6 +209,7 @@ class _Bench:
         _synchronize(self.device)
         start = time.perf_counter()
         self.loss().backward()
+        self.steps += 1
         _synchronize(self.device)
         return time.perf_counter() - start
 
@@ -212,8 +232,9 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
     """Plans and applies, in place, one tool per block (keep, convert, recompute, checkpoint) so
     that ``model`` holds no more than ``budget`` (in (0, 1]) of its dense activation bytes after
     forward, at the least measured step time. ``loss_fn()`` runs one forward of the model on a
-    representative batch and returns the scalar loss; the planner calls it (and backward) up to a
-    few hundred times.
+    representative batch and returns the scalar loss; the planner calls it once for each
+    configuration of tools it measures (up to a few hundred forwards, whose graphs it drops unused)
+    and steps (forward and backward) up to 1 + 6 × ``timing_rounds`` times; the plan reports both.
 
     containers: qualified names of the nn.Sequential / nn.ModuleList modules whose children are the
         blocks. Empty: the model itself if it is one, else the outermost ones inside it.
@@ -243,6 +264,7 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
     if isinstance(containers, str):
         containers = [containers]
 
+    planning_start = time.perf_counter()
     blocks = []
     for prefix, container in _containers(model, list(containers)):
         for key in list(container._modules):
@@ -281,7 +303,7 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
     plan = MemoryPlan(budget)
     dense_tools = ["keep"] * len(blocks)
     try:
-        bench.held(dense_tools)  # a first step: allocations, kernels' first-call set-up
+        bench.warm_up(dense_tools)
         plan.dense_held = bench.held(dense_tools)
         forward = bench.forward_seconds()
         for b, block in enumerate(blocks):
@@ -338,4 +360,6 @@ def plan_memory(model: nn.Module, loss_fn: Callable[[], torch.Tensor], budget: f
                 buffer.copy_(saved)
         model.zero_grad(set_to_none=True)
     plan.blocks = plans
+    plan.planning_forwards, plan.planning_steps = bench.forwards, bench.steps
+    plan.planning_seconds = time.perf_counter() - planning_start
     return plan

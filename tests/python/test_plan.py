@@ -114,6 +114,34 @@ def test_budget_one_keeps_every_block():
     assert all(type(m) is nn.Sequential for m in model[2])
 
 
+def test_plan_measures_bytes_by_forwards_alone_and_reports_its_cost():
+    model = _model()
+    x, y = _batch("cpu")
+    calls = {"forwards": 0, "backwards": 0}
+
+    def loss_fn():
+        calls["forwards"] += 1
+        loss = F.cross_entropy(model(x), y)
+        loss.register_hook(lambda grad: calls.__setitem__("backwards", calls["backwards"] + 1))
+        return loss
+
+    def plan_at(budget):
+        calls.update(forwards=0, backwards=0)
+        plan = dropit.plan_memory(model, loss_fn, budget=budget, containers=["2"],
+                                  timing_rounds=2)
+        assert plan.planning_steps == calls["backwards"]
+        assert plan.planning_forwards == calls["forwards"] - calls["backwards"]
+        assert plan.planning_seconds > 0
+        assert f"{plan.planning_forwards} forwards, {plan.planning_steps} steps" in str(plan)
+        return plan
+
+    loose, tight = plan_at(1.0), plan_at(0.4)
+    # A tighter budget tries more configurations, each measured by a forward alone; the steps
+    # (forward and backward) are the timing's only: one to warm up, two a round of each comparison.
+    assert tight.planning_forwards > loose.planning_forwards
+    assert tight.planning_steps == loose.planning_steps <= 1 + 6 * 2
+
+
 def test_default_blocks_are_the_outermost_sequentials():
     model = nn.Module()
     model.stem = nn.Linear(6, 6)

@@ -206,6 +206,41 @@ TEST_CASE("torch: plan_memory keeps everything at budget 1 and reports a budget 
   CHECK(printed.str().find("budget NOT met") != std::string::npos);
 }
 
+TEST_CASE("torch: plan_memory measures bytes by forwards alone and reports what planning cost") {
+  const at::Tensor x = ::torch::randn({4, 3, 16, 16});
+  nn::Sequential model = make_blocks(4);
+  int forwards = 0, backwards = 0;
+  const auto loss = [&] {
+    ++forwards;
+    at::Tensor value = model->forward(x).square().sum();
+    value.register_hook([&](const at::Tensor& grad) {
+      ++backwards;
+      return grad;
+    });
+    return value;
+  };
+  const auto plan_at = [&](double budget) {
+    forwards = backwards = 0;
+    const dt::MemoryPlan plan =
+        dt::plan_memory(model, loss, PlanOptions().budget(budget).timing_rounds(2));
+    CHECK(plan.planning_steps == backwards);
+    CHECK(plan.planning_forwards == forwards - backwards);
+    CHECK(plan.planning_seconds > 0.0);
+    std::ostringstream printed;
+    printed << plan;
+    CHECK(printed.str().find(std::to_string(plan.planning_forwards) + " forwards, " +
+                             std::to_string(plan.planning_steps) + " steps") != std::string::npos);
+    return plan;
+  };
+  const dt::MemoryPlan loose = plan_at(1.0);
+  const dt::MemoryPlan tight = plan_at(0.3);
+  // A tighter budget tries more configurations, each measured by a forward alone; the steps
+  // (forward and backward) are the timing's only: one to warm up, two a round of each comparison.
+  CHECK(tight.planning_forwards > loose.planning_forwards);
+  CHECK(tight.planning_steps == loose.planning_steps);
+  CHECK(loose.planning_steps <= 1 + 6 * 2);
+}
+
 TEST_CASE("torch: checkpoint_each wraps every block: dense gradients and statistics, inputs held") {
   const at::Tensor x = ::torch::randn({4, 3, 16, 16});
   nn::Sequential dense = make_blocks(3), model = make_blocks(3);

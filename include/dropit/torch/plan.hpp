@@ -14,12 +14,12 @@
 ///               one more forward of that layer in backward;
 ///   checkpoint  the dense block run again in backward (`Checkpoint`): it holds its input only.
 ///
-/// Bytes are measured at the allocator on the caller's own training step, with the whole model in
-/// each configuration; times are measured too: each block's forward (what a checkpoint repeats)
-/// and the converted model's step against the dense one, interleaved. Starting from
-/// every block kept, the planner repeatedly takes the change that frees the most bytes per second
-/// it adds, until the model holds no more than the budget; then it undoes what the budget no
-/// longer needs, most expensive first. The model is left with the plan applied.
+/// Bytes are measured at the allocator after the caller's own forward, with the whole model in
+/// each configuration (once each); times are measured too: each block's forward (what a
+/// checkpoint repeats) and the converted model's step against the dense one, interleaved. Starting
+/// from every block kept, the planner repeatedly takes the change that frees the most bytes per
+/// second it adds, until the model holds no more than the budget; then it undoes what the budget
+/// no longer needs, most expensive first. The model is left with the plan applied.
 ///
 ///     auto plan = dropit::torch::plan_memory(*model, [&] { return loss_of(model(x), y); },
 ///                                            dropit::torch::PlanOptions().budget(0.5));
@@ -33,6 +33,7 @@
 #include <functional>
 #include <iomanip>
 #include <limits>
+#include <map>
 #include <memory>
 #include <ostream>
 #include <string>
@@ -92,6 +93,11 @@ struct MemoryPlan {
   std::vector<BlockPlan> blocks;
   /// What convert did inside the converted blocks.
   ConvertReport converted;
+  /// What planning cost: the loss's forwards run alone (bytes of each configuration tried, once;
+  /// block times), its training steps (forward and backward: one to warm up, the rest timed), and
+  /// the wall-clock seconds of it all.
+  int planning_forwards = 0, planning_steps = 0;
+  double planning_seconds = 0.0;
 
   double held_ratio() const {
     return dense_held > 0 ? static_cast<double>(planned_held) / static_cast<double>(dense_held)
@@ -104,7 +110,10 @@ struct MemoryPlan {
     out << std::fixed << std::setprecision(3) << "memory plan for budget " << plan.budget
         << " of dense: holds " << plan.held_ratio() << "x (" << plan.planned_held << " of "
         << plan.dense_held << " B) at " << plan.time_ratio() << "x step time"
-        << (plan.met ? "" : " -- budget NOT met: every block at its most frugal tool holds more");
+        << (plan.met ? "" : " -- budget NOT met: every block at its most frugal tool holds more")
+        << "; planned in " << std::setprecision(1) << plan.planning_seconds << " s ("
+        << plan.planning_forwards << " forwards, " << plan.planning_steps << " steps)"
+        << std::setprecision(3);
     for (const BlockPlan& block : plan.blocks) {
       out << "\n  " << block.name << ": " << tool_name(block.tool);
       if (block.tool != block_tool::keep) {
@@ -227,21 +236,23 @@ class plan_bench {
     }
   }
 
-  /// Bytes the graph holds after the loss's forward (the loss itself excluded); then backward.
+  /// Bytes the graph holds after the loss's forward (the loss itself excluded), measured once per
+  /// configuration (the allocator's count does not vary between forwards). The graph is dropped
+  /// unused: a backward would free nothing more and cost about twice the forward.
   std::int64_t held(const std::vector<block_tool>& tools) {
+    if (const auto known = held_bytes_.find(tools); known != held_bytes_.end())
+      return known->second;
     apply(tools);
     root_.zero_grad(/*set_to_none=*/true);
     const MemoryMeter meter(device_);
     const std::int64_t base = meter.current();
-    at::Tensor loss = loss_();
-    dropit::detail::expect(loss.defined() && loss.requires_grad(),
-                           "plan_memory: the loss function returned ",
-                           loss.defined() ? "a tensor that requires no gradient" : "no tensor",
-                           "; expected the training loss of the model");
-    dropit::detail::expect(loss.numel() == 1, "plan_memory: the loss has ", loss.numel(),
-                           " elements; expected a scalar");
-    const std::int64_t bytes = meter.current() - base - static_cast<std::int64_t>(loss.nbytes());
-    loss.backward();
+    std::int64_t bytes = 0;
+    {
+      const at::Tensor value = loss();
+      ++forwards_;
+      bytes = meter.current() - base - static_cast<std::int64_t>(value.nbytes());
+    }
+    held_bytes_.emplace(tools, bytes);
     return bytes;
   }
 
@@ -257,7 +268,8 @@ class plan_bench {
     for (int round = 0; round < rounds_; ++round) {
       for (auto& timer : timers) timer->seconds = 0.0;
       root_.zero_grad(/*set_to_none=*/true);
-      loss_();  // the graph is dropped unused
+      loss();  // the graph is dropped unused
+      ++forwards_;
       for (std::size_t b = 0; b < blocks_.size(); ++b) seconds[b].push_back(timers[b]->seconds);
     }
     std::vector<double> medians;
@@ -267,6 +279,16 @@ class plan_bench {
     }
     return medians;
   }
+
+  /// One training step of `tools`, untimed: allocations and kernels' first-call set-up.
+  void warm_up(const std::vector<block_tool>& tools) {
+    apply(tools);
+    step_seconds();
+  }
+
+  /// The loss's forwards run alone (bytes, block times) and its training steps so far.
+  int forwards() const { return forwards_; }
+  int steps() const { return steps_; }
 
   /// Median seconds of the `baseline` step (dense by default) and median ratio of `tools`'s step
   /// to it, timed in alternation.
@@ -285,11 +307,24 @@ class plan_bench {
   }
 
  private:
+  /// The caller's loss, checked: a scalar that requires gradients.
+  at::Tensor loss() {
+    at::Tensor value = loss_();
+    dropit::detail::expect(value.defined() && value.requires_grad(),
+                           "plan_memory: the loss function returned ",
+                           value.defined() ? "a tensor that requires no gradient" : "no tensor",
+                           "; expected the training loss of the model");
+    dropit::detail::expect(value.numel() == 1, "plan_memory: the loss has ", value.numel(),
+                           " elements; expected a scalar");
+    return value;
+  }
+
   double step_seconds() {
     root_.zero_grad(/*set_to_none=*/true);
     synchronize(device_);
     const auto start = std::chrono::steady_clock::now();
-    loss_().backward();
+    loss().backward();
+    ++steps_;
     synchronize(device_);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
@@ -299,6 +334,8 @@ class plan_bench {
   std::function<at::Tensor()> loss_;
   c10::Device device_;
   int rounds_;
+  std::map<std::vector<block_tool>, std::int64_t> held_bytes_;
+  int forwards_ = 0, steps_ = 0;
 };
 
 inline std::size_t index_of(block_tool tool) { return static_cast<std::size_t>(tool); }
@@ -324,7 +361,7 @@ class planner {
   /// (timed against converted steps).
   void measure_tools() {
     const std::vector<block_tool> dense(blocks_.size(), block_tool::keep);
-    bench_.held(dense);  // a first step: allocations, kernels' first-call set-up
+    bench_.warm_up(dense);
     plan_.dense_held = bench_.held(dense);
     const std::vector<double> forward_seconds = bench_.forward_seconds();
     std::vector<block_tool> convert_all = dense;
@@ -422,11 +459,13 @@ inline void checkpoint_each(::torch::nn::SequentialImpl& blocks) {
 /// Plans and applies, in place, one tool per block so that `root` holds no more than
 /// `options.budget()` of its dense activation bytes after forward, at the least measured step
 /// time. `loss` runs one forward of the model on a representative batch and returns the scalar
-/// loss; the planner calls it (and backward) up to a few hundred times. The blocks' buffers
-/// (BatchNorm's running statistics) are restored afterwards and the parameters' gradients
-/// cleared; random generators advance. Should the loss throw, the model is left as it came. Call it
-/// on a model in training mode, before building its optimizer or after (parameters are not
-/// replaced: converted layers and checkpoints share them).
+/// loss; the planner calls it once for each configuration of tools it measures (up to a few
+/// hundred forwards, whose graphs it drops unused) and steps (forward and backward) up to
+/// 1 + 6 × timing_rounds times; the plan reports both. The blocks' buffers (BatchNorm's running
+/// statistics) are restored afterwards and the parameters' gradients cleared; random generators
+/// advance. Should the loss throw, the model is left as it came. Call it on a model in training
+/// mode, before building its optimizer or after (parameters are not replaced: converted layers
+/// and checkpoints share them).
 inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at::Tensor()>& loss,
                               const PlanOptions& options = {}) {
   const double budget = options.budget();
@@ -442,6 +481,7 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
   dropit::detail::expect(root.is_training(), "plan_memory: ", root.name(),
                          " is in eval mode; plan in training mode, where activations are kept");
 
+  const auto planning_start = std::chrono::steady_clock::now();
   std::vector<detail::plan_block> blocks;
   for (const auto& [prefix, container] : detail::plan_containers(root, options.containers())) {
     std::size_t index = 0;
@@ -522,6 +562,10 @@ inline MemoryPlan plan_memory(::torch::nn::Module& root, const std::function<at:
     if (converted_block(skipped.first)) plan.converted.skipped.push_back(skipped);
 
   restore_buffers();
+  plan.planning_forwards = bench.forwards();
+  plan.planning_steps = bench.steps();
+  plan.planning_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - planning_start).count();
   return plan;
 }
 
