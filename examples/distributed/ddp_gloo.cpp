@@ -2,6 +2,7 @@
 //
 //   dropit_ddp_gloo                          # 2 ranks, 30 steps
 //   dropit_ddp_gloo --world-size 4 --steps 50 --batch 128
+//   dropit_ddp_gloo --checkpoint             # every layer checkpointed (dropit::torch::Checkpoint)
 //
 // The program forks one process per rank. The ranks meet through a c10d::FileStore in a fresh
 // temporary directory and talk over loopback TCP (127.0.0.1) only. Each rank converts the same MLP
@@ -12,7 +13,8 @@
 //
 // The program checks, and exits non-zero if any check fails:
 //   (a) after the first backward, the averaged gradient equals the gradient the same dropit model
-//       computes on the whole batch in one process;
+//       computes on the whole batch in one process (with --checkpoint: the same model without the
+//       checkpoints, so that recomputing in backward is checked to change no gradient);
 //   (b) after training, every rank holds bit-identical parameters;
 //   (c) the training loss went down.
 
@@ -47,16 +49,30 @@ struct Options {
   int steps = 30;
   std::int64_t batch = 64;  // global batch, split evenly across the ranks
   double lr = 0.2;
+  bool checkpoint = false;  // every layer run again in backward (dropit::torch::checkpoint_each)
 };
 
 constexpr std::int64_t in_features = 32;
 constexpr std::int64_t hidden = 64;
 constexpr std::int64_t classes = 10;
 
-torch::nn::Sequential make_model() {
-  return torch::nn::Sequential(torch::nn::Linear(in_features, hidden), torch::nn::ReLU(),
-                               torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
-                               torch::nn::Linear(hidden, classes));
+/// The MLP, converted. Chunked min-k keeps a fixed count per chunk of D consecutive input
+/// elements. Both converted Linears (the first keeps its input; ReLUs keep a mask, not a
+/// selection) take inputs of shape [rows, hidden], so with D = hidden every chunk is exactly one
+/// sample's row. A rank's shard is then a whole number of chunks, and the chunks it selects from
+/// are the very chunks the whole-batch forward selects from: the averaged sparse gradient equals
+/// the single-process one, up to summation order. With a chunk straddling two ranks' samples, the
+/// two would keep different elements.
+torch::nn::Sequential make_model(dropit::torch::ConvertReport* report = nullptr) {
+  torch::nn::Sequential model(torch::nn::Linear(in_features, hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(hidden, hidden), torch::nn::ReLU(),
+                              torch::nn::Linear(hidden, classes));
+  auto converted = dropit::torch::convert(
+      model, dropit::torch::ConvertOptions()
+                 .dropit(dropit::torch::DropitOptions().gamma(0.8).chunk_size(hidden))
+                 .relu(true));
+  if (report != nullptr) *report = std::move(converted);
+  return model;
 }
 
 /// A fixed synthetic task, the same on every rank: labels from a random linear teacher.
@@ -137,17 +153,8 @@ int run_rank(int rank, const Options& options, const std::string& store_path) {
   c10d::ProcessGroupGloo group(store, rank, options.world_size, gloo_options);
 
   torch::manual_seed(1000 + rank);  // different on every rank until the broadcast below
-  torch::nn::Sequential model = make_model();
-  // Chunked min-k keeps a fixed count per chunk of D consecutive input elements. Both converted
-  // Linears (the first keeps its input; ReLUs keep a mask, not a selection) take inputs of shape
-  // [rows, hidden], so with D = hidden every chunk is exactly one sample's row. A rank's shard is then a whole number of
-  // chunks, and the chunks it selects from are the very chunks the whole-batch forward selects
-  // from: the averaged sparse gradient equals the single-process one, up to summation order. With
-  // a chunk straddling two ranks' samples, the two would keep different elements.
-  auto report = dropit::torch::convert(
-      model, dropit::torch::ConvertOptions()
-                 .dropit(dropit::torch::DropitOptions().gamma(0.8).chunk_size(hidden))
-                 .relu(true));
+  dropit::torch::ConvertReport report;
+  torch::nn::Sequential model = make_model(&report);
   if (rank == 0) {
     std::ostringstream text;
     text << report;
@@ -155,6 +162,16 @@ int run_rank(int rank, const Options& options, const std::string& store_path) {
   }
   const std::vector<at::Tensor> params = model->parameters();
   broadcast_parameters(group, params);
+  // With --checkpoint, the first step's reference is a plain replica: the same parameters, no
+  // checkpoint.
+  torch::nn::Sequential reference_model = model;
+  if (options.checkpoint) {
+    reference_model = make_model();
+    torch::NoGradGuard no_grad;
+    const std::vector<at::Tensor> replica = reference_model->parameters();
+    for (std::size_t i = 0; i < params.size(); ++i) replica[i].copy_(params[i]);
+    dropit::torch::checkpoint_each(*model);
+  }
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(options.lr).momentum(0.9));
 
   const auto [x, y] = make_dataset(options.batch);
@@ -166,10 +183,10 @@ int run_rank(int rank, const Options& options, const std::string& store_path) {
   double first_loss = 0, last_loss = 0;
   for (int step = 0; step < options.steps; ++step) {
     std::vector<at::Tensor> reference;
-    if (step == 0) {  // the same model, one process, the whole batch
+    if (step == 0) {  // the same model (or its plain replica), one process, the whole batch
       optimizer.zero_grad();
-      torch::nn::functional::cross_entropy(model->forward(x), y).backward();
-      reference = gradients(params);
+      torch::nn::functional::cross_entropy(reference_model->forward(x), y).backward();
+      reference = gradients(reference_model->parameters());
     }
 
     optimizer.zero_grad();
@@ -182,7 +199,8 @@ int run_rank(int rank, const Options& options, const std::string& store_path) {
       const bool same = torch::allclose(got, want, /*rtol=*/1e-4, /*atol=*/1e-6);
       ok &= same;
       std::ostringstream text;
-      text << "averaged gradient == whole-batch gradient (max |diff| "
+      text << "averaged gradient == whole-batch gradient"
+           << (options.checkpoint ? " of the model without checkpoints" : "") << " (max |diff| "
            << (got - want).abs().max().item<double>() << ", max |grad| "
            << want.abs().max().item<double>() << ")";
       say(rank, check_line(same, text.str()));
@@ -214,6 +232,10 @@ Options parse(int argc, char** argv) {
   Options options;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--checkpoint") {
+      options.checkpoint = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("missing value after " + flag);
     const std::string value = argv[++i];
     if (flag == "--world-size") options.world_size = std::stoi(value);
@@ -237,7 +259,8 @@ int main(int argc, char** argv) {
     options = parse(argc, argv);
   } catch (const std::exception& e) {
     std::cerr << "dropit_ddp_gloo: " << e.what()
-              << "\nusage: dropit_ddp_gloo [--world-size N] [--steps N] [--batch N] [--lr X]\n";
+              << "\nusage: dropit_ddp_gloo [--world-size N] [--steps N] [--batch N] [--lr X] "
+                 "[--checkpoint]\n";
     return 2;
   }
 
