@@ -101,6 +101,42 @@ TEST_CASE("torch: Linear layers after a LayerNorm and a GELU recompute their inp
   check_equal(model_gradients(model, x), model_gradients(dense, x));
 }
 
+TEST_CASE("torch: cache(false) recomputes what it can and keeps the rest as torch does: exact") {
+  // linear -> LayerNorm -> linear -> GELU -> linear -> Tanh -> linear: the last layer's input
+  // comes from no producer dropit knows, so it would take a DropIT cache.
+  const auto make = [] {
+    nn::Sequential stack = make_stack();
+    stack->push_back(nn::Tanh());
+    stack->push_back(nn::Linear(64, 32));
+    return stack;
+  };
+  nn::Sequential dense = make();
+  nn::Sequential exact = make();
+  nn::Sequential caching = make();
+  dt::convert(exact, ConvertOptions().dropit(DropitOptions().gamma(0.9).cache(false)));
+  dt::convert(caching, ConvertOptions().dropit(DropitOptions().gamma(0.9)));
+  std::ostringstream printed;
+  printed << *exact;
+  CHECK(printed.str().find("cache=false") != std::string::npos);
+
+  const at::Tensor x = ::torch::randn({rows, 64});
+  at::Tensor y = exact->forward(x);
+  CHECK(grad_fn_name(y).find("Addmm") != std::string::npos);  // torch's own linear, input kept
+  CHECK(grad_fn_name(caching->forward(x)).find("Addmm") == std::string::npos);
+
+  // Held: dense's bytes less the two outputs the producers give again; the Tanh's output, which
+  // the last layer keeps whole here (Tanh's backward keeps it too: one tensor), stays.
+  const std::int64_t dense_held = held_after_forward(dense, x);
+  const std::int64_t held = held_after_forward(exact, x);
+  const std::int64_t recomputed_outputs = 4 * rows * (width + 2 * width);
+  MESSAGE("held after forward: dense ", dense_held, " B, cache(false) ", held, " B");
+  CHECK(held >= dense_held - recomputed_outputs);
+  CHECK(held <= dense_held - recomputed_outputs + 4096);
+
+  // Recomputation runs the same kernels on the same tensors, the rest is torch's: bit for bit.
+  check_equal(model_gradients(exact, x), model_gradients(dense, x));
+}
+
 TEST_CASE("torch: recompute_layers: a GELU after a recomputing Linear keeps none of it") {
   nn::Sequential dense = make_stack(), model = make_stack();
   dt::convert(model, ConvertOptions().dropit(DropitOptions().gamma(0.9).recompute_layers(true)));

@@ -117,6 +117,10 @@ struct DropitOptions {
   /// its output is then recomputable from that input, so that a producer after it can keep none of
   /// its input (`recompute_layers`), as the BatchNorm after a network's first convolution.
   TORCH_ARG(bool, keep_input) = false;
+  /// Cache, as DropIT does, an input the layer cannot recompute. Off: keep such an input as it
+  /// is, as torch's layer does (`keep_input` wherever `recompute` finds nothing to recompute):
+  /// exact gradients throughout, the memory saved by recomputation alone.
+  TORCH_ARG(bool, cache) = true;
 };
 
 namespace detail {
@@ -125,6 +129,8 @@ namespace detail {
 inline void print_kept(std::ostream& stream, const DropitOptions& dropit) {
   if (dropit.keep_input())
     stream << ", keep_input=true";
+  else if (!dropit.cache())
+    stream << ", cache=false";
   else
     stream << ", gamma=" << dropit.gamma();
 }
@@ -156,16 +162,16 @@ class LinearImpl : public ::torch::nn::Cloneable<LinearImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
-      if (dropit.keep_input())
-        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::linear),
-                               {input, weight, bias});
-      if (dropit.recompute())
+      if (!dropit.keep_input() && dropit.recompute())
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
           return detail::layer_on_recomputed_input(
               *recomputable, detail::layer_recipe(detail::producer_recipe::kind::linear), weight,
               bias, [&](const detail::recomputable_input& saved) {
                 return RecomputedInputLinearFunction::apply(input, weight, bias, saved);
               });
+      if (dropit.keep_input() || !dropit.cache())
+        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::linear),
+                               {input, weight, bias});
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return LinearFunction::apply(x, w, b, dropit.spec(-1, calls_++));
     }
@@ -214,10 +220,7 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
 
   at::Tensor forward(const at::Tensor& input) {
     if (is_training() && ::torch::GradMode::is_enabled() && weight.requires_grad()) {
-      if (dropit.keep_input())
-        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
-                               {input, weight, bias});
-      if (dropit.recompute())
+      if (!dropit.keep_input() && dropit.recompute())
         if (const auto recomputable = detail::recipe_of(input, dropit.recompute_layers()))
           return detail::layer_on_recomputed_input(
               *recomputable, detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
@@ -225,6 +228,9 @@ class Conv2dImpl : public ::torch::nn::Cloneable<Conv2dImpl> {
                 return RecomputedInputConv2dFunction::apply(input, weight, bias, params_,
                                                             saved);
               });
+      if (dropit.keep_input() || !dropit.cache())
+        return detail::produce(detail::layer_recipe(detail::producer_recipe::kind::conv2d, params_),
+                               {input, weight, bias});
       const auto [x, w, b] = autocast_layer_inputs(input, input, weight, bias);
       return Conv2dFunction::apply(x, w, b, params_, dropit.spec(1, calls_++));
     }
