@@ -2,7 +2,9 @@
 // - train_step/<model>/dense_vs_<variant>/...: full training steps (forward, loss, backward,
 //   optimizer step) of the two Fashion-MNIST example models, dense against one variant,
 //   interleaved step by step on the same batch. Variants: dropit (convert: γ = 0.9, chunked min-k,
-//   1-bit ReLU, exact recomputation after LayerNorm, GELU and BatchNorm -> ReLU), checkpoint (every
+//   1-bit ReLU, exact recomputation after LayerNorm, GELU and BatchNorm -> ReLU), dropit_only (the
+//   same without recomputation: DropIT caches only), recompute_only (recomputation where exact,
+//   every other input kept as torch keeps it: DropitOptions::cache(false)), checkpoint (every
 //   block checkpointed), plan (plan_memory at a budget). Counters: median step times, the median
 //   of per-step time ratios, the bytes held after forward and the peak bytes a step allocates
 //   above what was live before it (measured at torch's allocator by MemoryMeter).
@@ -75,7 +77,8 @@ const Batch& batch() {
   return b;
 }
 
-/// How a variant treats the model: dense, dropit (convert), checkpoint (every block), plan.
+/// How a variant treats the model: dense, dropit (convert), dropit_only, recompute_only,
+/// checkpoint (every block), plan.
 struct Variant {
   std::string name;
   double budget = 0.0;  // plan
@@ -99,6 +102,12 @@ struct Trainer {
             .dropit(dt::DropitOptions().gamma(0.9).selection(dropit::selection_kind::chunked_min_k))
             .relu(true);
     if (variant.name == "dropit") dt::convert(*model, convert);
+    if (variant.name == "dropit_only")  // DropIT caches everywhere, no recomputation
+      dt::convert(*model, dt::ConvertOptions(convert).dropit(
+                              dt::DropitOptions(convert.dropit()).recompute(false)));
+    if (variant.name == "recompute_only")  // exact: recomputation, torch's saving elsewhere
+      dt::convert(*model, dt::ConvertOptions(convert).dropit(
+                              dt::DropitOptions(convert.dropit()).cache(false)));
     if (variant.name == "checkpoint")
       dt::checkpoint_each(*model->named_children()["blocks"]->as<torch::nn::Sequential>());
     if (variant.name == "plan") {
@@ -301,6 +310,8 @@ int main(int argc, char** argv) {
   const int steps = env_int("DROPIT_BENCH_STEPS", 60);
   const std::pair<std::string, Variant> step_variants[] = {
       {"dense_vs_dropit_chunked_min_k/gamma:0.9", {"dropit"}},
+      {"dense_vs_dropit_only/gamma:0.9", {"dropit_only"}},
+      {"dense_vs_recompute_only", {"recompute_only"}},
       {"dense_vs_checkpoint", {"checkpoint"}},
       {"dense_vs_plan/budget:0.5", {"plan", 0.5}},
       {"dense_vs_plan/budget:0.3", {"plan", 0.3}}};

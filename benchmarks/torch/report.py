@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Markdown report of a dropit_bench_torch run (Google Benchmark JSON): the interleaved training
-steps of each example model, dense against dropit, checkpointing and the memory planner, and each
-layer's weight gradient by dropit's two paths against LibTorch's own kernel.
+steps of each example model, dense against dropit (with and without recomputation, and recomputation
+alone), checkpointing and the memory planner, and each layer's weight gradient by dropit's two
+paths against LibTorch's own kernel.
 
 Times of the weight_grad cases are medians over repetitions when the file holds aggregates,
 otherwise means over the reported runs. The train_step cases carry their own medians as counters.
@@ -36,8 +37,13 @@ TARGETS = {
 
 
 def variant_of(parts, field):
-    """'dropit', 'checkpoint' or 'plan <budget>' from a case name's parts."""
+    """'dropit', 'DropIT only', 'recompute only', 'checkpoint' or 'plan <budget>' from a case
+    name's parts."""
     variant = parts[2].removeprefix("dense_vs_")
+    if variant == "dropit_only":
+        return "DropIT only"
+    if variant == "recompute_only":
+        return "recompute only"
     if variant.startswith("dropit"):
         return "dropit"
     if variant == "plan":
@@ -145,7 +151,10 @@ def report(context, cases, label):
             "ConvertOptions().relu(true))`: every Conv2d and Linear but the first at γ = 0.9 "
             "(chunked min-k), plus the 1-bit ReLU; LayerNorm, GELU and BatchNorm2d become dropit's, "
             "so the layers reading them (directly or through a ReLU) recompute their inputs "
-            "exactly. checkpoint = `checkpoint_each(blocks)`: every residual or transformer block "
+            "exactly. DropIT only = the same with `DropitOptions().recompute(false)`: DropIT "
+            "caches, no recomputation. recompute only = the same with "
+            "`DropitOptions().cache(false)`: recomputation where it is exact, every other input "
+            "kept as torch keeps it (exact gradients). checkpoint = `checkpoint_each(blocks)`: every residual or transformer block "
             "checkpointed, dense inside. plan b = `plan_memory(model, loss, "
             "PlanOptions().budget(b))`: per block (stem and head layers, residual or transformer "
             "blocks) keep, convert (as dropit), recompute (convert, recomputing through one layer "
