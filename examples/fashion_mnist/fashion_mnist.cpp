@@ -7,6 +7,7 @@
 //   dropit_fashion_mnist --model vit --epochs 5 --gamma 0.8,0.9
 //   dropit_fashion_mnist --variants dropit --selection random,min_k --granularity element,channel
 //   dropit_fashion_mnist --demo --budgets 0.5,0.3   # also the memory planner at two budgets
+//   dropit_fashion_mnist --variants dense,dropit,dropit_only   # with and without recomputation
 //
 // Writes <out-dir>/settings.csv, epochs.csv (one row per variant and epoch), steps.csv (the
 // training loss of every step), step_ratios.csv and curves.png (harness.hpp has the details).
@@ -93,7 +94,8 @@ Trained train(const fmnist::Options& o, const fmnist::Variant& variant,
                         .selection(dropit::torch::selection_from_name(variant.selection))
                         .granularity(dropit::torch::granularity_from_name(variant.granularity))
                         .chunk_size(o.chunk_size)
-                        .seed(o.seed))
+                        .seed(o.seed)
+                        .recompute(variant.recompute))
             .relu(o.relu_mask);
     if (variant.budget > 0) {
       // Or let the planner choose per block: keep, convert as above, recompute (convert, and

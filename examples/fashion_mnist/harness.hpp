@@ -66,12 +66,16 @@ struct Variant {
   double gamma = 0;
   /// Above 0: plan_memory at this budget, converting blocks with the policy above.
   double budget = 0;
+  /// Exact recomputation of inputs a producer gives again (DropitOptions::recompute); off: DropIT
+  /// caches every converted layer's input.
+  bool recompute = true;
 
   std::string name() const {
     if (!dropit) return "dense";
     std::ostringstream s;
     if (budget > 0) s << "plan " << budget << " (";
     s << "dropit " << selection << (granularity == "channel" ? " channel" : "") << " g=" << gamma;
+    if (!recompute) s << " no recompute";
     if (budget > 0) s << ")";
     return s.str();
   }
@@ -131,9 +135,11 @@ inline int parse_options(int argc, char** argv, Options& o) {
   app.add_option("--test-subset", o.test_subset, "Test on the first N images (0: all 10000)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  app.add_option("--variants", o.variants, "Comma-separated: dense, dropit")
+  app.add_option("--variants", o.variants,
+                 "Comma-separated: dense, dropit, dropit_only (dropit without exact "
+                 "recomputation: DropIT caches only)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"dense", "dropit"}))
+      ->check(CLI::IsMember({"dense", "dropit", "dropit_only"}))
       ->capture_default_str();
   app.add_option("--budgets", o.budgets,
                  "Also train the memory planner's model at each budget (a fraction of dense "
@@ -229,20 +235,27 @@ inline std::vector<Variant> variants_of(const Options& o) {
     return std::find(o.variants.begin(), o.variants.end(), v) != o.variants.end();
   };
   if (wants("dense")) variants.push_back({});
-  if (!wants("dropit")) return variants;
+  std::vector<Variant> policies;
   for (const auto& selection : o.selections)
     for (const auto& granularity : o.granularities) {
       if (selection == "chunked_min_k" && granularity == "channel") {
         std::cerr << "note: chunked_min_k selects elements; skipping chunked_min_k x channel\n";
         continue;
       }
-      for (double gamma : o.gammas) variants.push_back({true, selection, granularity, gamma});
+      for (double gamma : o.gammas) policies.push_back({true, selection, granularity, gamma});
     }
-  if (variants.size() > (wants("dense") ? 1u : 0u))
+  if (wants("dropit") && !policies.empty()) {
+    variants.insert(variants.end(), policies.begin(), policies.end());
     for (double budget : o.budgets) {
-      Variant plan = variants.back();
+      Variant plan = policies.back();
       plan.budget = budget;
       variants.push_back(plan);
+    }
+  }
+  if (wants("dropit_only"))
+    for (Variant policy : policies) {
+      policy.recompute = false;
+      variants.push_back(policy);
     }
   return variants;
 }

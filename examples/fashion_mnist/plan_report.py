@@ -3,8 +3,8 @@
 
     plan_report.py RESULTS_DIR RUN [RUN ...] --elapsed SECONDS
 
-Each RUN is the --out-dir of one dropit_fashion_mnist run (one model, one seed: dense, dropit and
-the planner at each budget). Everything the report says about a run comes from its own
+Each RUN is the --out-dir of one dropit_fashion_mnist run (one model, one seed: dense, dropit, the
+planner at each budget, and dropit without recomputation). Everything the report says about a run comes from its own
 settings.csv and epochs.csv. Writes, under RESULTS_DIR:
 
     plan.csv   every run's epochs.csv rows, with the seed in front
@@ -66,8 +66,10 @@ def main():
         "",
         "The example models of `examples/fashion_mnist` trained dense, with dropit (`convert`: "
         "γ = 0.9 chunked min-k, 1-bit ReLU, exact recomputation after LayerNorm, GELU and "
-        "BatchNorm → ReLU) and with `plan_memory` at each budget (per block: keep, convert as "
-        "dropit, recompute or checkpoint; planned on the first training batch). Within a run every variant "
+        "BatchNorm → ReLU), with `plan_memory` at each budget (per block: keep, convert as "
+        "dropit, recompute or checkpoint; planned on the first training batch) and with DropIT "
+        "alone (`no recompute`: `convert` with `DropitOptions().recompute(false)`, every "
+        "converted layer's input in a DropIT cache). Within a run every variant "
         "starts from the same weights and sees the same data in the same order. Made by "
         f"`scripts/plan-accuracy` on {machine()}, in {int(args.elapsed) // 60} min "
         f"{int(args.elapsed) % 60} s for its {len(runs)} program runs; every setting below is read "
