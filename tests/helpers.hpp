@@ -125,11 +125,11 @@ struct channels_last_case {
 };
 
 // The cases those tests run: planes that start mid-word, that chunks cut mid-plane, and chunks
-// ending mid-image; tiles of channels cut short; one channel; planes split over work items (3
-// channels: 43 680 pixels an item), in a tensor past the 2^16 elements that several threads
-// select together; empty.
+// ending mid-image; tiles of channels cut short (the ReLU mask's are 1024 channels wide); one
+// channel; planes split over work items (3 channels: 43 680 pixels an item), in a tensor past the
+// 2^16 elements that several threads select together; empty.
 inline const channels_last_case channels_last_cases[] = {
-    {3, 70, 7, 5}, {2, 130, 9, 9}, {5, 1, 3, 11}, {2, 3, 300, 200}, {2, 4, 0, 3}};
+    {3, 70, 7, 5}, {2, 130, 9, 9}, {2, 1030, 3, 7}, {5, 1, 3, 11}, {2, 3, 300, 200}, {2, 4, 0, 3}};
 
 template <class T>
 std::vector<std::uint32_t> bits_of(const std::vector<T>& x) {
