@@ -139,13 +139,19 @@ class _Bench:
         self.model, self.blocks, self.loss_fn = model, blocks, loss_fn
         self.device, self.rounds = device, rounds
         self.held_bytes: Dict[Tuple[str, ...], int] = {}
-        self.forwards = self.steps = 0  # the loss's forwards run alone, and training steps
+        self.loss_calls = self.steps = 0  # a step is one of the calls, with its backward
 
     def apply(self, tools: Sequence[str]):
         for block, tool in zip(self.blocks, tools):
             block.install(tool)
 
+    @property
+    def forwards(self) -> int:
+        """The loss's forwards run alone (bytes, block times)."""
+        return self.loss_calls - self.steps
+
     def loss(self) -> torch.Tensor:
+        self.loss_calls += 1
         loss = self.loss_fn()
         if not isinstance(loss, torch.Tensor) or not loss.requires_grad:
             what = ("a tensor that requires no gradient" if isinstance(loss, torch.Tensor)
@@ -167,7 +173,6 @@ class _Bench:
             self.model.zero_grad(set_to_none=True)
             with memory.measure(self.device) as measured:
                 loss = self.loss()
-            self.forwards += 1
             self.held_bytes[key] = measured.retained_bytes - loss.element_size() * loss.numel()
         return self.held_bytes[key]
 
@@ -198,7 +203,6 @@ class _Bench:
                     per_block.append(0.0)
                 self.model.zero_grad(set_to_none=True)
                 self.loss()  # the graph is dropped unused
-                self.forwards += 1
         finally:
             for handle in handles:
                 handle.remove()

@@ -249,7 +249,6 @@ class plan_bench {
     std::int64_t bytes = 0;
     {
       const at::Tensor value = loss();
-      ++forwards_;
       bytes = meter.current() - base - static_cast<std::int64_t>(value.nbytes());
     }
     held_bytes_.emplace(tools, bytes);
@@ -269,7 +268,6 @@ class plan_bench {
       for (auto& timer : timers) timer->seconds = 0.0;
       root_.zero_grad(/*set_to_none=*/true);
       loss();  // the graph is dropped unused
-      ++forwards_;
       for (std::size_t b = 0; b < blocks_.size(); ++b) seconds[b].push_back(timers[b]->seconds);
     }
     std::vector<double> medians;
@@ -287,7 +285,7 @@ class plan_bench {
   }
 
   /// The loss's forwards run alone (bytes, block times) and its training steps so far.
-  int forwards() const { return forwards_; }
+  int forwards() const { return loss_calls_ - steps_; }
   int steps() const { return steps_; }
 
   /// Median seconds of the `baseline` step (dense by default) and median ratio of `tools`'s step
@@ -309,6 +307,7 @@ class plan_bench {
  private:
   /// The caller's loss, checked: a scalar that requires gradients.
   at::Tensor loss() {
+    ++loss_calls_;
     at::Tensor value = loss_();
     dropit::detail::expect(value.defined() && value.requires_grad(),
                            "plan_memory: the loss function returned ",
@@ -335,7 +334,7 @@ class plan_bench {
   c10::Device device_;
   int rounds_;
   std::map<std::vector<block_tool>, std::int64_t> held_bytes_;
-  int forwards_ = 0, steps_ = 0;
+  int loss_calls_ = 0, steps_ = 0;  // a step is one of the calls, with its backward
 };
 
 inline std::size_t index_of(block_tool tool) { return static_cast<std::size_t>(tool); }
