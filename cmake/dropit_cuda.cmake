@@ -47,6 +47,29 @@ if(DROPIT_BUILD_CUDA)
   target_link_libraries(dropit_cuda_instances INTERFACE dropit_cuda)
   dropit_install_component(cuda TARGETS dropit_cuda dropit_cuda_instances
                            CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda.cmake.in)
+
+  # dropit::cuda_cudnn: the CUDA backend's conv2d weight gradient through cuDNN's graph API (the
+  # kernel torch's convolution backward runs) instead of its own im2col + cuBLAS, for programs
+  # that link it besides dropit::cuda. Defined where cmake/dropit_find_cudnn.cmake finds cuDNN 9.
+  # A program that also links LibTorch (dropit::torch_cuda) leaves it out: torch loads the cuDNN
+  # it was built with, and a process holds one libcudnn.so.9.
+  include(${CMAKE_CURRENT_LIST_DIR}/dropit_find_cudnn.cmake)
+  set(DROPIT_CUDA_CUDNN OFF)
+  if(TARGET dropit_cudnn::cudnn)
+    set(DROPIT_CUDA_CUDNN ON)
+    add_library(dropit_cuda_cudnn INTERFACE)
+    add_library(dropit::cuda_cudnn ALIAS dropit_cuda_cudnn)
+    set_target_properties(dropit_cuda_cudnn PROPERTIES EXPORT_NAME cuda_cudnn)
+    target_link_libraries(dropit_cuda_cudnn INTERFACE dropit_cuda dropit_cudnn::cudnn)
+    target_compile_definitions(dropit_cuda_cudnn INTERFACE DROPIT_CUDA_CUDNN=1)
+    dropit_install_component(cuda_cudnn TARGETS dropit_cuda_cudnn
+                             CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda_cudnn.cmake.in)
+    if(DROPIT_INSTALL)
+      install(FILES ${CMAKE_CURRENT_LIST_DIR}/dropit_find_cudnn.cmake
+              DESTINATION ${DROPIT_INSTALL_CMAKEDIR})
+    endif()
+  endif()
+  message(STATUS "dropit::cuda_cudnn (conv2d weight gradient through cuDNN): ${DROPIT_CUDA_CUDNN}")
 endif()
 
 # dropit::torch_cuda: the LibTorch adapters on CUDA tensors. nvcc cannot compile LibTorch's headers

@@ -10,7 +10,8 @@
 //   then cuBLAS by the caller (the LibTorch adapters' path on a GPU),  vs gemm/<dtype>/M:m/K:k/N:n:
 //   cublasGemmEx on the dense input (float accumulation; tensor cores for 16-bit types).
 // - conv2d_dw/<policy>/<dtype>/gamma:g/<layer>: the CUDA backend's conv2d weight gradient on the
-//   cache (densify, im2col blocks, cuBLAS), and densify_cudnn/...: public densify then cuDNN by the
+//   cache (densify, then cuDNN's graph API where dropit::cuda is built with cuDNN, else im2col
+//   blocks and cuBLAS), and densify_cudnn/...: public densify then cuDNN by the
 //   caller (the LibTorch adapters' path on a GPU),  vs  cudnn/<dtype>/<layer>: cuDNN's backward
 //   filter on the dense input, as PyTorch configures it by default (tensor-op math, so TF32 for
 //   float; the algorithm cuDNN's heuristics rank first). Built when CMake finds cuDNN.
@@ -338,7 +339,9 @@ void register_weight_grad_cases(const Layer& layer, double gamma) {
       [layer, spec](benchmark::State& state) {
         operands o(layer);
         device_cache<T> cache(spec, layer.input(), o.x->template get<const T>());
-        const dropit::cuda_backend backend{timer().stream()};
+        // TF32 for float as the baseline has it (PyTorch's defaults: off for matmul, on for cuDNN).
+        const dropit::cuda_backend backend{.stream = timer().stream(),
+                                           .allow_tf32 = Layer::pytorch_tf32};
         device_buffer scratch(layer.template backend_workspace<T>(backend, cache.layout));
         run_timed(state, 0, [&] {
           layer.template run_backend<T>(backend, cache.const_view(), o.dz->template get<const T>(),
@@ -379,7 +382,8 @@ cublasHandle_t cublas() {
 struct linear_layer {
   static constexpr const char* op = "linear_dw";
   static constexpr const char* baseline = "gemm";
-  std::int64_t rows, in, out;  // M, K, N
+  static constexpr bool pytorch_tf32 = false;  // torch.backends.cuda.matmul.allow_tf32
+  std::int64_t rows, in, out;                  // M, K, N
 
   dropit::shape input() const { return {rows, in}; }
   dropit::shape dz() const { return {rows, out}; }
@@ -451,6 +455,7 @@ constexpr cudnnDataType_t cudnn_type() {
 struct conv_layer {
   static constexpr const char* op = "conv2d_dw";
   static constexpr const char* baseline = "cudnn";
+  static constexpr bool pytorch_tf32 = true;  // torch.backends.cudnn.allow_tf32
   int batch, in, out, size, kernel, stride, pad;
 
   int out_size() const { return (size + 2 * pad - kernel) / stride + 1; }

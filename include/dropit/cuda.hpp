@@ -37,6 +37,10 @@ struct cuda_backend {
   /// entry points then skip their driver query per operand (`cudaPointerGetAttributes`), a host
   /// cost of every call; left false, a pointer the device cannot read is refused with its name.
   bool operands_on_current_device = false;
+  /// Whether float weight gradients may run on TF32 tensor cores (10-bit mantissa products, float
+  /// sums), as torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 let
+  /// torch's. Off, they are full FP32 and equal the CPU backend's up to summation order.
+  bool allow_tf32 = false;
 };
 
 namespace detail {

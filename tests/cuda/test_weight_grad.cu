@@ -213,3 +213,164 @@ TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value
       conv2d_weight_grad_workspace_bytes<float>(gpu, c.layout(), {6, 3}, {3, 4}, conv2d_params{}),
       "conv2d input", "[6, 4]");
 }
+
+#if DROPIT_CUDA_CUDNN
+// cuDNN's backward-filter convolution, the conv2d weight gradient's path where dropit::cuda is
+// built with cuDNN. cuDNN checks an operation graph without a device, so the "deviceless" suite
+// runs on every machine (ctest: cuda.deviceless); the plans need a GPU.
+
+namespace {
+
+dropit::detail::conv2d_geometry geometry_of(const ref::conv_shape& s) {
+  dropit::detail::conv2d_geometry g{};
+  g.batch = s.batch, g.in_channels = s.in_channels, g.height = s.height, g.width = s.width;
+  g.out_channels = s.out_channels, g.out_height = s.out_h(), g.out_width = s.out_w();
+  g.kernel_h = s.kernel_h, g.kernel_w = s.kernel_w;
+  g.stride_h = s.stride_h, g.stride_w = s.stride_w, g.pad_h = s.pad_h, g.pad_w = s.pad_w;
+  g.dilation_h = s.dilation_h, g.dilation_w = s.dilation_w, g.groups = s.groups;
+  return g;
+}
+
+// ResNet-50's 3x3 layers of its four stages and a strided 1x1 shortcut, batch 64 (the kernel
+// benchmark's conv2d cases).
+std::vector<ref::conv_shape> resnet50_layers() {
+  std::vector<ref::conv_shape> layers;
+  for (const auto& [channels, size] : {std::pair{64, 56}, {128, 28}, {256, 14}, {512, 7}})
+    layers.push_back({.batch = 64,
+                      .in_channels = channels,
+                      .height = size,
+                      .width = size,
+                      .out_channels = channels,
+                      .kernel_h = 3,
+                      .kernel_w = 3,
+                      .pad_h = 1,
+                      .pad_w = 1});
+  layers.push_back({.batch = 64,
+                    .in_channels = 256,
+                    .height = 56,
+                    .width = 56,
+                    .out_channels = 512,
+                    .kernel_h = 1,
+                    .kernel_w = 1,
+                    .stride_h = 2,
+                    .stride_w = 2});
+  return layers;
+}
+
+std::vector<ref::conv_shape> cudnn_shapes() {
+  std::vector<ref::conv_shape> shapes;
+  for (const ref::conv_shape& s : conv_grid())
+    if (s.batch > 0) shapes.push_back(s);
+  for (const ref::conv_shape& s : resnet50_layers()) shapes.push_back(s);
+  return shapes;
+}
+
+}  // namespace
+
+TEST_SUITE("deviceless") {
+  TEST_CASE_TEMPLATE("cuda: cuDNN accepts the conv2d weight-gradient graph of every geometry", T,
+                     float, dropit::half, bfloat16) {
+    namespace dc = dropit::detail::cuda;
+    for (const ref::conv_shape& s : cudnn_shapes())
+      for (const std::int64_t alignment : {std::int64_t{16}, std::int64_t{sizeof(T)}}) {
+        CAPTURE(s.in_channels);
+        CAPTURE(s.height);
+        CAPTURE(s.kernel_h);
+        CAPTURE(s.kernel_w);
+        CAPTURE(s.stride_h);
+        CAPTURE(s.pad_h);
+        CAPTURE(s.dilation_h);
+        CAPTURE(s.groups);
+        CAPTURE(alignment);
+        CHECK_NOTHROW(dc::cudnn_wgrad_graph(
+            dc::make_cudnn_wgrad_problem<T>(geometry_of(s), alignment, false)));
+      }
+  }
+
+  TEST_CASE("cuda: cuDNN refuses a weight-gradient graph whose dY does not fit its geometry") {
+    namespace dc = dropit::detail::cuda;
+    const ref::conv_shape s = resnet50_layers().front();
+    auto problem = dc::make_cudnn_wgrad_problem<float>(geometry_of(s), 16, false);
+    problem.dy[2] += 1;  // one output row too many for 56 rows, a 3x3 kernel and padding 1
+    CHECK_ERROR(dc::cudnn_wgrad_graph{problem}, "cuDNN graph", "CUDNN_STATUS_BAD_PARAM");
+  }
+
+  TEST_CASE("cuda: cuDNN engines follow the TF32 setting and keep dW to summation order") {
+    namespace dc = dropit::detail::cuda;
+    const ref::conv_shape s = resnet50_layers().front();
+    const auto problem = [&](auto type_tag, bool allow_tf32) {
+      return dc::make_cudnn_wgrad_problem<decltype(type_tag)>(geometry_of(s), 16, allow_tf32);
+    };
+    const std::vector<cudnnBackendNumericalNote_t> tensor_cores{CUDNN_NUMERICAL_NOTE_TENSOR_CORE};
+    CHECK_FALSE(dc::cudnn_engine_allowed(problem(0.0f, false), tensor_cores));
+    CHECK(dc::cudnn_engine_allowed(problem(0.0f, true), tensor_cores));
+    CHECK(dc::cudnn_engine_allowed(problem(bfloat16{}, false), tensor_cores));
+    CHECK(dc::cudnn_engine_allowed(problem(0.0f, false), {}));
+    CHECK(dc::cudnn_engine_allowed(problem(0.0f, false), {CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC}));
+    for (const cudnnBackendNumericalNote_t note :
+         {CUDNN_NUMERICAL_NOTE_REDUCED_PRECISION_REDUCTION,
+          CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS, CUDNN_NUMERICAL_NOTE_FFT,
+          CUDNN_NUMERICAL_NOTE_WINOGRAD, CUDNN_NUMERICAL_NOTE_WINOGRAD_TILE_4x4}) {
+      CAPTURE(note);
+      CHECK_FALSE(dc::cudnn_engine_allowed(problem(dropit::half{}, true), {note}));
+    }
+  }
+}
+
+// With a GPU: the gradient tests above ran through cuDNN, not the im2col path, for every geometry
+// (a plan was built for an aligned and an unaligned dY), as do ResNet-50's layers with and
+// without TF32.
+TEST_CASE_TEMPLATE("cuda: conv2d dW takes cuDNN's plans for the test grid and ResNet-50's layers",
+                   T, float, dropit::half, bfloat16) {
+  namespace dc = dropit::detail::cuda;
+  for (const ref::conv_shape& s : cudnn_shapes())
+    for (const bool allow_tf32 : {false, true}) {
+      CAPTURE(s.in_channels);
+      CAPTURE(s.height);
+      CAPTURE(s.kernel_h);
+      CAPTURE(s.stride_h);
+      CAPTURE(s.dilation_h);
+      CAPTURE(s.groups);
+      CAPTURE(allow_tf32);
+      const auto g = geometry_of(s);
+      CHECK(dc::cudnn_wgrad_plan_for(dc::make_cudnn_wgrad_problem<T>(g, 16, allow_tf32)) !=
+            nullptr);
+      CHECK(dc::cudnn_wgrad_plan_for(dc::make_cudnn_wgrad_problem<T>(g, sizeof(T), allow_tf32)) !=
+            nullptr);
+    }
+}
+
+// An unaligned dZ (one element into its buffer) runs the element-aligned plan and still equals
+// the dense formula.
+TEST_CASE("cuda: conv2d dW from a dZ that is not 16-byte aligned") {
+  const ref::conv_shape g{.batch = 4,
+                          .in_channels = 32,
+                          .height = 9,
+                          .width = 9,
+                          .out_channels = 16,
+                          .kernel_h = 3,
+                          .kernel_w = 3,
+                          .pad_h = 1,
+                          .pad_w = 1};
+  const auto x = test::smooth_values<float>(g.x_numel(), 5);
+  const auto dz = test::smooth_values<float>(g.dz_numel() + 1, 6);
+  const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
+  const dropit::shape dz_shape{g.batch, g.out_channels, g.out_h(), g.out_w()};
+  const dropit::shape dw_shape{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
+  const auto c = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(x, x_shape));
+  const std::vector<float> dz_used(dz.begin() + 1, dz.end());
+  const auto want = ref::conv2d_dw(test::gradient_operand(c), test::as_float(dz_used), g);
+
+  const cuda_backend gpu{};
+  const auto cache = cuda_test::upload(c);
+  const device_buffer<float> d_dz(dz);
+  const auto scratch = cuda_test::device_workspace(
+      conv2d_weight_grad_workspace_bytes<float>(gpu, c.layout(), dz_shape, dw_shape, g.params()));
+  device_buffer<float> d_dw(static_cast<std::size_t>(g.dw_numel()));
+  conv2d_weight_grad<float>(gpu, cache.const_view(), {d_dz.data() + 1, dz_shape},
+                            {d_dw.data(), dw_shape}, g.params(), grad_mode::overwrite,
+                            cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  CHECK_GRADIENT(d_dw.download(), want, test::tolerance_for<float>());
+}
+#endif

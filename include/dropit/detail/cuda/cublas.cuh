@@ -1,16 +1,14 @@
 #pragma once
-// cuBLAS as the CUDA backend uses it. Handles are created on first use, per device, and live for
-// the process (destroying them at exit would race the CUDA runtime's own teardown, which is why
-// PyTorch keeps its own too); a host thread that ends returns its handles to a process-wide pool
-// for the next thread, so threads that come and go do not each cost a handle. Each call binds the
-// handle to the operation's stream and to a workspace carved from the caller's, so cuBLAS allocates
-// nothing and orders its kernels with dropit's.
+// cuBLAS as the CUDA backend uses it, with PyTorch's settings: float GEMMs in full FP32 unless the
+// backend allows TF32 (as torch.backends.cuda.matmul.allow_tf32 does), and the workspace PyTorch
+// gives cuBLAS on the device. Handles are per thread and device (library_handles.hpp). Each call
+// binds the handle to the operation's stream and to a workspace carved from the caller's, so cuBLAS
+// allocates nothing and orders its kernels with dropit's.
 
 #include <cublas_v2.h>
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -18,6 +16,7 @@
 #include "../../types.hpp"
 #include "../common/geometry.hpp"
 #include "../common/workspace.hpp"
+#include "library_handles.hpp"
 #include "runtime.hpp"
 
 namespace dropit::detail::cuda {
@@ -28,67 +27,59 @@ inline void check_cublas(cublasStatus_t status, const char* what) {
     fail(what, ": cuBLAS error ", cublasGetStatusName(status), ": ", cublasGetStatusString(status));
 }
 
-/// Handles no thread holds, per device; never destroyed (see above).
-struct cublas_handle_pool {
-  std::mutex mutex;
-  std::vector<std::vector<cublasHandle_t>> free_by_device;
+/// cuBLAS handles for library_handles. Reductions stay in float even for 16-bit results (cuBLAS
+/// may otherwise split K and sum the parts in the output type).
+struct cublas_library {
+  using handle_type = cublasHandle_t;
 
-  static cublas_handle_pool& instance() {
-    static auto* pool = new cublas_handle_pool;
-    return *pool;
+  static cublasHandle_t create(const char* what) {
+    cublasHandle_t created = nullptr;
+    check_cublas(cublasCreate(&created), what);
+    check_cublas(
+        cublasSetMathMode(created, static_cast<cublasMath_t>(
+                                       CUBLAS_DEFAULT_MATH |
+                                       CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
+        what);
+    return created;
   }
 };
 
-/// One thread's handles, by device; returned to the pool when the thread ends.
-struct thread_cublas_handles {
-  std::vector<cublasHandle_t> by_device;
-
-  ~thread_cublas_handles() {
-    cublas_handle_pool& pool = cublas_handle_pool::instance();
-    const std::lock_guard lock(pool.mutex);
-    if (pool.free_by_device.size() < by_device.size()) pool.free_by_device.resize(by_device.size());
-    for (std::size_t device = 0; device < by_device.size(); ++device)
-      if (by_device[device] != nullptr) pool.free_by_device[device].push_back(by_device[device]);
-  }
-};
-
-/// This thread's handle for the current device: a pooled one, else a new one. Reductions stay in
-/// float even for 16-bit results (cuBLAS may otherwise split K and sum the parts in the output
-/// type).
 inline cublasHandle_t cublas_handle(const char* what) {
-  int device = 0;
-  check(cudaGetDevice(&device), what);
-  thread_local thread_cublas_handles mine;
-  const auto slot = static_cast<std::size_t>(device);
-  if (mine.by_device.size() <= slot) mine.by_device.resize(slot + 1, nullptr);
-  cublasHandle_t& handle = mine.by_device[slot];
-  if (handle != nullptr) return handle;
-  {
-    cublas_handle_pool& pool = cublas_handle_pool::instance();
-    const std::lock_guard lock(pool.mutex);
-    if (slot < pool.free_by_device.size() && !pool.free_by_device[slot].empty()) {
-      handle = pool.free_by_device[slot].back();
-      pool.free_by_device[slot].pop_back();
-      return handle;
-    }
-  }
-  cublasHandle_t created = nullptr;
-  check_cublas(cublasCreate(&created), what);
-  check_cublas(cublasSetMathMode(created, static_cast<cublasMath_t>(
-                                              CUBLAS_DEFAULT_MATH |
-                                              CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)),
-               what);
-  handle = created;
-  return handle;
+  return library_handles<cublas_library>::current(what);
 }
 
-/// The workspace cuBLAS gets, as it documents for its default (4 MiB), plus the slack to align it
-/// to the 256 bytes cuBLAS requires.
-inline constexpr std::size_t cublas_workspace_bytes = std::size_t{4} << 20;
+/// The workspace cuBLAS gets on the current device, as PyTorch gives it (its
+/// CUBLAS_WORKSPACE_CONFIG default): 32 MiB from Hopper (compute capability 9) on, 8 MiB + 128 KiB
+/// before. Asked once per thread and device.
+inline std::size_t cublas_workspace_bytes(const char* what) {
+  int device = 0;
+  check(cudaGetDevice(&device), what);
+  thread_local std::vector<std::size_t> by_device;
+  const auto slot = static_cast<std::size_t>(device);
+  if (by_device.size() <= slot) by_device.resize(slot + 1, 0);
+  std::size_t& bytes = by_device[slot];
+  if (bytes == 0) {
+    int major = 0;
+    check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
+    bytes = major >= 9 ? std::size_t{32} << 20 : (std::size_t{4096} * 2 + 16 * 8) << 10;
+  }
+  return bytes;
+}
+
+/// cuBLAS requires its workspace aligned to 256 bytes; the carved segment has the slack for it.
 inline constexpr std::size_t cublas_workspace_alignment = 256;
 
 inline std::byte* add_cublas_workspace(workspace_carver& carver) {
-  return carver.add<std::byte>(cublas_workspace_bytes + cublas_workspace_alignment);
+  return carver.add<std::byte>(cublas_workspace_bytes("cuBLAS workspace") +
+                               cublas_workspace_alignment);
+}
+
+/// The compute type of a GEMM on T: float accumulation, on TF32 tensor cores for float operands
+/// only where the backend allows TF32 (16-bit operands use tensor cores regardless).
+template <class T>
+cublasComputeType_t gemm_compute_type(bool allow_tf32) {
+  return std::is_same_v<T, float> && allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                 : CUBLAS_COMPUTE_32F;
 }
 
 template <class T>
@@ -105,7 +96,7 @@ inline cublasHandle_t bind_cublas(cudaStream_t stream, std::byte* workspace, con
   std::byte* aligned =
       workspace + (cublas_workspace_alignment - address % cublas_workspace_alignment) %
                       cublas_workspace_alignment;
-  check_cublas(cublasSetWorkspace(handle, aligned, cublas_workspace_bytes), what);
+  check_cublas(cublasSetWorkspace(handle, aligned, cublas_workspace_bytes(what)), what);
   return handle;
 }
 
@@ -116,7 +107,8 @@ inline cublasHandle_t bind_cublas(cudaStream_t stream, std::byte* workspace, con
 /// the transposes as they stand.
 template <storage_type T, class Out>
 void gemm_linear_weight_grad(cudaStream_t stream, const T* a, const T* dz, Out* dw,
-                             const linear_dims& d, bool accumulate, std::byte* workspace) {
+                             const linear_dims& d, bool accumulate, bool allow_tf32,
+                             std::byte* workspace) {
   constexpr const char* what = "linear_weight_grad (cuBLAS)";
   const cublasHandle_t handle = bind_cublas(stream, workspace, what);
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -124,7 +116,8 @@ void gemm_linear_weight_grad(cudaStream_t stream, const T* a, const T* dz, Out* 
   check_cublas(
       cublasGemmEx_64(handle, CUBLAS_OP_N, CUBLAS_OP_T, d.in_features, d.out_features, d.rows,
                       &alpha, a, type, d.in_features, dz, type, d.out_features, &beta, dw,
-                      cuda_data_type<Out>, d.in_features, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                      cuda_data_type<Out>, d.in_features, gemm_compute_type<T>(allow_tf32),
+                      CUBLAS_GEMM_DEFAULT),
       what);
 }
 
@@ -136,7 +129,7 @@ void gemm_linear_weight_grad(cudaStream_t stream, const T* a, const T* dz, Out* 
 template <storage_type T>
 void gemm_conv2d_weight_grad(cudaStream_t stream, const T* columns, const T* dz_rows, float* dw,
                              const conv2d_geometry& g, std::int64_t samples, bool accumulate,
-                             std::byte* workspace) {
+                             bool allow_tf32, std::byte* workspace) {
   constexpr const char* what = "conv2d_weight_grad (cuBLAS)";
   const cublasHandle_t handle = bind_cublas(stream, workspace, what);
   const std::int64_t rows = g.in_per_group() * g.kernel_h * g.kernel_w;
@@ -147,7 +140,7 @@ void gemm_conv2d_weight_grad(cudaStream_t stream, const T* columns, const T* dz_
   check_cublas(cublasGemmStridedBatchedEx_64(
                    handle, CUBLAS_OP_T, CUBLAS_OP_N, rows, outputs, length, &alpha, columns, type,
                    length, rows * length, dz_rows, type, length, outputs * length, &beta, dw,
-                   CUDA_R_32F, rows, outputs * rows, g.groups, CUBLAS_COMPUTE_32F,
+                   CUDA_R_32F, rows, outputs * rows, g.groups, gemm_compute_type<T>(allow_tf32),
                    CUBLAS_GEMM_DEFAULT),
                what);
 }

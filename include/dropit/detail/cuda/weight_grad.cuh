@@ -6,12 +6,15 @@
 //   n/k rescaling is the exception: its gradient uses the unrounded product n/k * value (as the CPU
 //   backend does), which a 16-bit densify would round, so it densifies into float and runs the
 //   16x16-tiled kernel of kernels.cuh.
-// - conv2d: densify into the input's own type, then im2col + cuBLAS over blocks of samples: each
+// - conv2d: densify into the input's own type, then cuDNN's backward-filter convolution into a
+//   float dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry), stored into dW
+//   once (rounded once, as on the CPU). Otherwise im2col + cuBLAS over blocks of samples: each
 //   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
-//   into a float dW, stored into dW once at the end (rounded once, as on the CPU). Blocks hold as
-//   many samples as fit in the size of the dense input, so the transient workspace stays within
-//   twice the dense activation (plus one sample's block when a single sample is larger). 16-bit
-//   caches with rescaling densify into float and keep the direct kernel, as linear does.
+//   into the float dW. Blocks hold as many samples as fit in the size of the dense input, so the
+//   transient workspace stays within twice the dense activation (plus one sample's block when a
+//   single sample is larger). 16-bit caches with rescaling densify into float and keep the direct
+//   kernel, as linear does.
+// Float GEMMs and convolutions run on TF32 tensor cores only where the backend allows TF32.
 
 #include <algorithm>
 #include <cstddef>
@@ -24,6 +27,9 @@
 #include "common.cuh"
 #include "cublas.cuh"
 #include "kernels.cuh"
+#if DROPIT_CUDA_CUDNN
+#include "cudnn.cuh"
+#endif
 
 namespace dropit::detail::cuda {
 
@@ -71,10 +77,16 @@ inline std::int64_t conv2d_block_samples(const conv2d_geometry& g) {
 
 struct conv2d_scratch {
   gradient_scratch gradient;
-  void* columns = nullptr;    // [C_in * KH * KW, samples * P] of T
-  void* dz_rows = nullptr;    // [C_out, samples * P] of T
-  float* dw_sum = nullptr;    // [numel of dW]
+  void* columns = nullptr;  // [C_in * KH * KW, samples * P] of T
+  void* dz_rows = nullptr;  // [C_out, samples * P] of T
+  float* dw_sum = nullptr;  // [numel of dW]
   std::int64_t block_samples = 0;
+#if DROPIT_CUDA_CUDNN
+  // cuDNN's plans for a 16-byte aligned dZ and for any other (null: the im2col path).
+  const cudnn_wgrad_plan* cudnn_aligned = nullptr;
+  const cudnn_wgrad_plan* cudnn_unaligned = nullptr;
+  std::byte* cudnn_workspace = nullptr;
+#endif
 };
 
 template <storage_type T>
@@ -84,7 +96,7 @@ bool conv2d_uses_cublas(const cache_layout& layout) {
 
 template <storage_type T>
 conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& layout,
-                                  const conv2d_geometry& g) {
+                                  const conv2d_geometry& g, bool allow_tf32) {
   conv2d_scratch s;
   const auto n = static_cast<std::size_t>(layout.numel());
   if (!conv2d_uses_cublas<T>(layout)) {
@@ -92,6 +104,25 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
     s.gradient.reading = add_densify_scratch(carver, layout);
     return s;
   }
+  const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
+#if DROPIT_CUDA_CUDNN
+  if (g.batch > 0 && g.out_height * g.out_width > 0 && outputs > 0) {
+    s.cudnn_aligned = cudnn_wgrad_plan_for(make_cudnn_wgrad_problem<T>(g, 16, allow_tf32));
+    s.cudnn_unaligned =
+        cudnn_wgrad_plan_for(make_cudnn_wgrad_problem<T>(g, sizeof(T), allow_tf32));
+    if (s.cudnn_aligned != nullptr && s.cudnn_unaligned != nullptr) {
+      s.gradient.dense = carver.add<T>(n);
+      s.gradient.reading = add_densify_scratch(carver, layout);
+      s.cudnn_workspace = carver.add<std::byte>(
+          std::max(s.cudnn_aligned->workspace_bytes, s.cudnn_unaligned->workspace_bytes));
+      s.dw_sum = carver.add<float>(outputs);
+      return s;
+    }
+    s.cudnn_aligned = s.cudnn_unaligned = nullptr;
+  }
+#else
+  static_cast<void>(allow_tf32);
+#endif
   s.block_samples = conv2d_block_samples(g);
   const std::int64_t block_pixels = s.block_samples * g.out_height * g.out_width;
   s.gradient.dense = carver.add<T>(n);
@@ -99,23 +130,24 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
   s.gradient.cublas_workspace = add_cublas_workspace(carver);
   s.columns = carver.add<T>(g.in_channels * g.kernel_h * g.kernel_w, block_pixels);
   s.dz_rows = carver.add<T>(g.out_channels, block_pixels);
-  s.dw_sum = carver.add<float>(g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w);
+  s.dw_sum = carver.add<float>(outputs);
   return s;
 }
 
 template <storage_type T>
 void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const T* dz, T* dw,
-                        const linear_dims& d, grad_mode mode, const gradient_scratch& scratch) {
+                        const linear_dims& d, grad_mode mode, bool allow_tf32,
+                        const gradient_scratch& scratch) {
   if (d.in_features == 0 || d.out_features == 0) return;  // dW is empty
   if (linear_uses_cublas<T>(a.layout)) {
     T* dense = static_cast<T*>(scratch.dense);
     densify<T, T>(stream, a, dense, scratch.reading);
     if (std::is_same_v<T, float> || mode == grad_mode::overwrite) {
       gemm_linear_weight_grad<T>(stream, dense, dz, dw, d, mode == grad_mode::accumulate,
-                                 scratch.cublas_workspace);
+                                 allow_tf32, scratch.cublas_workspace);
     } else {
       const std::int64_t outputs = d.out_features * d.in_features;
-      gemm_linear_weight_grad<T>(stream, dense, dz, scratch.dw_sum, d, false,
+      gemm_linear_weight_grad<T>(stream, dense, dz, scratch.dw_sum, d, false, allow_tf32,
                                  scratch.cublas_workspace);
       store_gradient_kernel<T>
           <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
@@ -134,7 +166,8 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
 
 template <storage_type T>
 void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const T* dz, T* dw,
-                        const conv2d_geometry& g, grad_mode mode, const conv2d_scratch& scratch) {
+                        const conv2d_geometry& g, grad_mode mode, bool allow_tf32,
+                        const conv2d_scratch& scratch) {
   const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
   if (outputs == 0) return;
   if (!conv2d_uses_cublas<T>(x.layout)) {
@@ -149,6 +182,17 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
   T* columns = static_cast<T*>(scratch.columns);
   T* dz_rows = static_cast<T*>(scratch.dz_rows);
   densify<T, T>(stream, x, dense, scratch.gradient.reading);
+#if DROPIT_CUDA_CUDNN
+  if (scratch.cudnn_aligned != nullptr) {
+    const bool aligned = reinterpret_cast<std::uintptr_t>(dz) % 16 == 0;
+    run_cudnn_wgrad(stream, aligned ? *scratch.cudnn_aligned : *scratch.cudnn_unaligned, dense, dz,
+                    scratch.dw_sum, scratch.cudnn_workspace);
+    store_gradient_kernel<T>
+        <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
+    check_launch("dropit store_gradient_kernel");
+    return;
+  }
+#endif
   const std::int64_t pixels = g.out_height * g.out_width;
   if (g.batch == 0 || pixels == 0)  // nothing to sum: dW = 0 (or unchanged)
     check(cudaMemsetAsync(scratch.dw_sum, 0, static_cast<std::size_t>(outputs) * sizeof(float),
@@ -165,7 +209,7 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
                                stream>>>(g, dz, first, samples, dz_rows);
     check_launch("dropit conv2d_dz_rows_kernel");
     gemm_conv2d_weight_grad<T>(stream, columns, dz_rows, scratch.dw_sum, g, samples, first > 0,
-                               scratch.gradient.cublas_workspace);
+                               allow_tf32, scratch.gradient.cublas_workspace);
   }
   store_gradient_kernel<T>
       <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
