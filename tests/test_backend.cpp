@@ -6,6 +6,8 @@
 #include <set>
 #include <thread>
 
+#include <dropit/detail/common/channel_walk.hpp>
+
 #include "helpers.hpp"
 
 namespace {
@@ -241,4 +243,23 @@ TEST_CASE("the CPU loops run the instruction set DROPIT_CPU_ISA allows, at most"
     CHECK(active == (avx512 ? cpu_isa::avx512 : avx2 ? cpu_isa::avx2 : cpu_isa::generic));
   }
 #endif
+}
+
+TEST_CASE("channel_walk keeps the position the divisions give, step after step") {
+  // The CUDA channel kernels' division-free walk, against e / inner / channels and the remainders.
+  for (const std::int64_t channels : {1, 3, 7, 256})
+    for (const std::int64_t inner : {1, 2, 49, 3136})
+      for (const std::int64_t stride : {1, 5, 256, 65536, 1 << 20})
+        for (const std::int64_t start : {0, 1, 255, 4097}) {
+          CAPTURE(channels);
+          CAPTURE(inner);
+          CAPTURE(stride);
+          CAPTURE(start);
+          dropit::detail::channel_walk at(start, stride, channels, inner);
+          bool all_equal = true;
+          for (std::int64_t e = start, steps = 0; steps < 300; e += stride, ++steps, at.advance())
+            all_equal = all_equal && at.o == e / inner / channels &&
+                        at.c == e / inner % channels && at.r == e % inner;
+          CHECK(all_equal);
+        }
 }

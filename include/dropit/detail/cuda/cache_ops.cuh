@@ -364,16 +364,19 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
       return;
     }
     case position_encoding::offsets: {
+      if (layout.offset_bytes == 2) {  // chunks of at most 2^16: one launch
+        chunk_scatter_offsets_kernel<T, Out>
+            <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(
+                layout, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
+        check_launch("dropit chunk_scatter_offsets_kernel");
+        return;
+      }
       check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(layout.numel()) * sizeof(Out), stream),
             "densify: zeroing the output");
       const std::int64_t kept = layout.kept();
       if (kept == 0) return;
-      if (layout.offset_bytes == 2)
-        scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
-            layout, kept, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
-      else
-        scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
-            layout, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
+      scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
+          layout, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
       check_launch("dropit scatter_offsets_kernel");
       return;
     }

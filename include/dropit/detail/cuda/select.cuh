@@ -31,12 +31,14 @@ struct cut {
 // ---------------------------------------------------------------------------------------------
 // Keys.
 
-/// Four consecutive items of an array, loaded or stored at once (from an index that is a multiple
-/// of 4, the array aligned to four items).
-template <class Item>
-struct alignas(4 * sizeof(Item)) four_items {
-  Item item[4];
+/// `N` consecutive items of an array, loaded or stored at once (from an index that is a multiple
+/// of N, the array aligned to N items).
+template <class Item, int N>
+struct alignas(N * sizeof(Item)) consecutive_items {
+  Item item[N];
 };
+template <class Item>
+using four_items = consecutive_items<Item, 4>;
 
 /// The keys of a selection's candidates (selection_traits::key): ranked values of `data`, or
 /// generator draws of `stream` (`data` unused, may be null).
