@@ -4,6 +4,7 @@
 // backend and copied to the device, so these tests exercise the gradient path alone.
 
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "cuda_helpers.cuh"
@@ -104,7 +105,8 @@ std::vector<ref::conv_shape> conv_grid() {
 }
 
 template <class T, class P>
-void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
+void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed,
+                const cuda_backend& gpu = {}, test::tolerance tol = test::tolerance_for<T>()) {
   const auto x = test::smooth_values<T>(g.x_numel(), seed);
   const auto dz = test::smooth_values<T>(g.dz_numel(), seed + 1);
   const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
@@ -113,9 +115,7 @@ void check_conv(const P& p, const ref::conv_shape& g, std::uint64_t seed) {
   const conv2d_params params = g.params();
   const auto c = compress(serial, p, test::view_of(x, x_shape));
   const auto want = ref::conv2d_dw(test::gradient_operand(c), test::as_float(dz), g);
-  const auto tol = test::tolerance_for<T>();
 
-  const cuda_backend gpu{};
   const auto cache = cuda_test::upload(c);
   const device_buffer<T> d_dz(dz);
   const auto scratch = cuda_test::device_workspace(
@@ -257,11 +257,24 @@ std::vector<ref::conv_shape> resnet50_layers() {
   return layers;
 }
 
+// A small 3x3 layer whose gradient the tests below compute from operands cuDNN must not assume
+// 16-byte aligned.
+const ref::conv_shape small_layer{.batch = 4,
+                                  .in_channels = 32,
+                                  .height = 9,
+                                  .width = 9,
+                                  .out_channels = 16,
+                                  .kernel_h = 3,
+                                  .kernel_w = 3,
+                                  .pad_h = 1,
+                                  .pad_w = 1};
+
 std::vector<ref::conv_shape> cudnn_shapes() {
   std::vector<ref::conv_shape> shapes;
   for (const ref::conv_shape& s : conv_grid())
     if (s.batch > 0) shapes.push_back(s);
   for (const ref::conv_shape& s : resnet50_layers()) shapes.push_back(s);
+  shapes.push_back(small_layer);
   return shapes;
 }
 
@@ -272,25 +285,75 @@ TEST_SUITE("deviceless") {
                      float, dropit::half, bfloat16) {
     namespace dc = dropit::detail::cuda;
     for (const ref::conv_shape& s : cudnn_shapes())
-      for (const std::int64_t alignment : {std::int64_t{16}, std::int64_t{sizeof(T)}}) {
-        CAPTURE(s.in_channels);
-        CAPTURE(s.height);
-        CAPTURE(s.kernel_h);
-        CAPTURE(s.kernel_w);
-        CAPTURE(s.stride_h);
-        CAPTURE(s.pad_h);
-        CAPTURE(s.dilation_h);
-        CAPTURE(s.groups);
-        CAPTURE(alignment);
-        CHECK_NOTHROW(dc::cudnn_wgrad_graph(
-            dc::make_cudnn_wgrad_problem<T>(geometry_of(s), alignment, false)));
-      }
+      for (const bool aligned : {true, false})
+        for (const bool accumulate : {false, true}) {
+          CAPTURE(s.in_channels);
+          CAPTURE(s.height);
+          CAPTURE(s.kernel_h);
+          CAPTURE(s.kernel_w);
+          CAPTURE(s.stride_h);
+          CAPTURE(s.pad_h);
+          CAPTURE(s.dilation_h);
+          CAPTURE(s.groups);
+          CAPTURE(aligned);
+          CAPTURE(accumulate);
+          CHECK_NOTHROW(dc::cudnn_wgrad_graph(
+              dc::make_cudnn_wgrad_problem<T>(geometry_of(s), aligned, accumulate, false)));
+        }
+  }
+
+  // The test grid's geometries and ResNet-50's layers get a plan on an H100 as cuDNN's
+  // device-property JSON describes one (what the GPU machines lent so far were): engines exist
+  // for every type, alignment and mode the backend asks for, within the workspace cap. The plans
+  // run only on a GPU (the test after this suite).
+  TEST_CASE_TEMPLATE("cuda: cuDNN builds a weight-gradient plan of every geometry for an H100", T,
+                     float, dropit::half, bfloat16) {
+    namespace dc = dropit::detail::cuda;
+    const std::string h100 =
+        R"({"maxGridSize":[2147483647,65535,65535],"maxBlockSize":[1024,1024,64],)"
+        R"("regsPerBlock":65536,"multiProcessorCount":132,"warpSize":32,)"
+        R"("maxSharedMemoryPerBlock":49152,"maxSharedMemoryPerBlockOptin":232448,)"
+        R"("reservedSharedMemoryPerBlock":1024,"maxRegistersPerSM":65536,"maxCtasPerSM":32,)"
+        R"("maxThreadsPerBlock":1024,"maxThreadsPerSM":2048,"pciDeviceId":0,"isTccDriver":0,)"
+        R"("supportCoopLaunch":1,"totalGlobalMem":85520809984,"smClockRateKHz":1980000,)"
+        R"("memClockRateKHz":2619000,"l2CacheSize":52428800,"cudaDeviceId":0,)"
+        R"("deviceVer":900,"driverVer":13000,"deviceName":"NVIDIA H100 80GB HBM3"})";
+    const auto described = [&] {
+      auto device = std::make_unique<dc::cudnn_descriptor>(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR,
+                                                           "described H100");
+      device
+          ->set(CUDNN_ATTR_DEVICEPROP_JSON_REPRESENTATION, CUDNN_TYPE_CHAR, h100.data(),
+                static_cast<std::int64_t>(h100.size()))
+          .finalize();
+      return device;
+    };
+    for (const ref::conv_shape& s : cudnn_shapes())
+      for (const bool allow_tf32 : {false, true})
+        for (const bool aligned : {true, false})
+          for (const bool accumulate : {false, true}) {
+            if (allow_tf32 && !std::is_same_v<T, float>) continue;  // the same problem
+            CAPTURE(s.in_channels);
+            CAPTURE(s.height);
+            CAPTURE(s.kernel_h);
+            CAPTURE(s.kernel_w);
+            CAPTURE(s.stride_h);
+            CAPTURE(s.dilation_h);
+            CAPTURE(s.groups);
+            CAPTURE(allow_tf32);
+            CAPTURE(aligned);
+            CAPTURE(accumulate);
+            const auto problem =
+                dc::make_cudnn_wgrad_problem<T>(geometry_of(s), aligned, accumulate, allow_tf32);
+            const auto plan = dc::find_cudnn_wgrad_plan(problem, described());
+            REQUIRE(plan != nullptr);
+            CHECK(plan->workspace_bytes <= dc::cudnn_workspace_cap(problem));
+          }
   }
 
   TEST_CASE("cuda: cuDNN refuses a weight-gradient graph whose dY does not fit its geometry") {
     namespace dc = dropit::detail::cuda;
     const ref::conv_shape s = resnet50_layers().front();
-    auto problem = dc::make_cudnn_wgrad_problem<float>(geometry_of(s), 16, false);
+    auto problem = dc::make_cudnn_wgrad_problem<float>(geometry_of(s), true, false, false);
     problem.dy[2] += 1;  // one output row too many for 56 rows, a 3x3 kernel and padding 1
     CHECK_ERROR(dc::cudnn_wgrad_graph{problem}, "cuDNN graph", "CUDNN_STATUS_BAD_PARAM");
   }
@@ -299,7 +362,8 @@ TEST_SUITE("deviceless") {
     namespace dc = dropit::detail::cuda;
     const ref::conv_shape s = resnet50_layers().front();
     const auto problem = [&](auto type_tag, bool allow_tf32) {
-      return dc::make_cudnn_wgrad_problem<decltype(type_tag)>(geometry_of(s), 16, allow_tf32);
+      return dc::make_cudnn_wgrad_problem<decltype(type_tag)>(geometry_of(s), true, false,
+                                                              allow_tf32);
     };
     const std::vector<cudnnBackendNumericalNote_t> tensor_cores{CUDNN_NUMERICAL_NOTE_TENSOR_CORE};
     CHECK_FALSE(dc::cudnn_engine_allowed(problem(0.0f, false), tensor_cores));
@@ -318,59 +382,79 @@ TEST_SUITE("deviceless") {
 }
 
 // With a GPU: the gradient tests above ran through cuDNN, not the im2col path, for every geometry
-// (a plan was built for an aligned and an unaligned dY), as do ResNet-50's layers with and
-// without TF32.
+// (a plan was built for aligned and unaligned operands, overwriting and accumulating), as do
+// ResNet-50's layers with and without TF32.
 TEST_CASE_TEMPLATE("cuda: conv2d dW takes cuDNN's plans for the test grid and ResNet-50's layers",
                    T, float, dropit::half, bfloat16) {
   namespace dc = dropit::detail::cuda;
   for (const ref::conv_shape& s : cudnn_shapes())
-    for (const bool allow_tf32 : {false, true}) {
-      CAPTURE(s.in_channels);
-      CAPTURE(s.height);
-      CAPTURE(s.kernel_h);
-      CAPTURE(s.stride_h);
-      CAPTURE(s.dilation_h);
-      CAPTURE(s.groups);
-      CAPTURE(allow_tf32);
-      const auto g = geometry_of(s);
-      CHECK(dc::cudnn_wgrad_plan_for(dc::make_cudnn_wgrad_problem<T>(g, 16, allow_tf32)) !=
-            nullptr);
-      CHECK(dc::cudnn_wgrad_plan_for(dc::make_cudnn_wgrad_problem<T>(g, sizeof(T), allow_tf32)) !=
-            nullptr);
-    }
+    for (const bool allow_tf32 : {false, true})
+      for (const bool aligned : {true, false})
+        for (const bool accumulate : {false, true}) {
+          CAPTURE(s.in_channels);
+          CAPTURE(s.height);
+          CAPTURE(s.kernel_h);
+          CAPTURE(s.stride_h);
+          CAPTURE(s.dilation_h);
+          CAPTURE(s.groups);
+          CAPTURE(allow_tf32);
+          CAPTURE(aligned);
+          CAPTURE(accumulate);
+          CHECK(dc::cudnn_wgrad_plan_for(dc::make_cudnn_wgrad_problem<T>(
+                    geometry_of(s), aligned, accumulate, allow_tf32)) != nullptr);
+        }
 }
 
-// An unaligned dZ (one element into its buffer) runs the element-aligned plan and still equals
-// the dense formula.
-TEST_CASE("cuda: conv2d dW from a dZ that is not 16-byte aligned") {
-  const ref::conv_shape g{.batch = 4,
-                          .in_channels = 32,
-                          .height = 9,
-                          .width = 9,
-                          .out_channels = 16,
-                          .kernel_h = 3,
-                          .kernel_w = 3,
-                          .pad_h = 1,
-                          .pad_w = 1};
-  const auto x = test::smooth_values<float>(g.x_numel(), 5);
-  const auto dz = test::smooth_values<float>(g.dz_numel() + 1, 6);
+// dZ and dW one element into their buffers: the element-aligned plans, overwriting and
+// accumulating, equal the dense formula.
+TEST_CASE_TEMPLATE("cuda: conv2d dW from operands that are not 16-byte aligned", T, float,
+                   dropit::half, bfloat16) {
+  const ref::conv_shape& g = small_layer;
+  const auto x = test::smooth_values<T>(g.x_numel(), 5);
+  const auto dz = test::smooth_values<T>(g.dz_numel() + 1, 6);
   const dropit::shape x_shape{g.batch, g.in_channels, g.height, g.width};
   const dropit::shape dz_shape{g.batch, g.out_channels, g.out_h(), g.out_w()};
   const dropit::shape dw_shape{g.out_channels, g.in_channels, g.kernel_h, g.kernel_w};
   const auto c = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(x, x_shape));
-  const std::vector<float> dz_used(dz.begin() + 1, dz.end());
+  const std::vector<T> dz_used(dz.begin() + 1, dz.end());
   const auto want = ref::conv2d_dw(test::gradient_operand(c), test::as_float(dz_used), g);
+  const auto tol = test::tolerance_for<T>();
 
   const cuda_backend gpu{};
   const auto cache = cuda_test::upload(c);
-  const device_buffer<float> d_dz(dz);
+  const device_buffer<T> d_dz(dz);
   const auto scratch = cuda_test::device_workspace(
-      conv2d_weight_grad_workspace_bytes<float>(gpu, c.layout(), dz_shape, dw_shape, g.params()));
-  device_buffer<float> d_dw(static_cast<std::size_t>(g.dw_numel()));
-  conv2d_weight_grad<float>(gpu, cache.const_view(), {d_dz.data() + 1, dz_shape},
-                            {d_dw.data(), dw_shape}, g.params(), grad_mode::overwrite,
-                            cuda_test::as_workspace(scratch));
+      conv2d_weight_grad_workspace_bytes<T>(gpu, c.layout(), dz_shape, dw_shape, g.params()));
+  auto old = test::smooth_values<T>(g.dw_numel() + 1, 7);
+  device_buffer<T> d_dw(old);
+  conv2d_weight_grad<T>(gpu, cache.const_view(), {d_dz.data() + 1, dz_shape},
+                        {d_dw.data() + 1, dw_shape}, g.params(), grad_mode::overwrite,
+                        cuda_test::as_workspace(scratch));
   cuda_test::finish(gpu);
-  CHECK_GRADIENT(d_dw.download(), want, test::tolerance_for<float>());
+  const auto overwritten = d_dw.download();
+  CHECK_GRADIENT(std::vector<T>(overwritten.begin() + 1, overwritten.end()), want, tol);
+
+  d_dw.upload(old);
+  conv2d_weight_grad<T>(gpu, cache.const_view(), {d_dz.data() + 1, dz_shape},
+                        {d_dw.data() + 1, dw_shape}, g.params(), grad_mode::accumulate,
+                        cuda_test::as_workspace(scratch));
+  cuda_test::finish(gpu);
+  const auto accumulated = d_dw.download();
+  old.erase(old.begin());
+  CHECK_GRADIENT(std::vector<T>(accumulated.begin() + 1, accumulated.end()), plus(want, old), tol);
+}
+
+// Float weight gradients on TF32 tensor cores where the backend allows them: products of 10-bit
+// mantissas summed in float, so within half precision's tolerance of the dense formula.
+TEST_CASE("cuda: conv2d dW with TF32 allowed stays within TF32's rounding") {
+  std::uint64_t seed = 1;
+  const cuda_backend tf32{.allow_tf32 = true};
+  const auto grid = conv_grid();
+  for (const ref::conv_shape& g : {small_layer, grid.front(), grid[grid.size() - 2]}) {
+    CAPTURE(g.batch);
+    CAPTURE(g.kernel_h);
+    check_conv<float>(policy<chunked_min_k_selection>{{0.6, 1000}}, g, seed += 3, tf32,
+                      test::tolerance_for<dropit::half>());
+  }
 }
 #endif

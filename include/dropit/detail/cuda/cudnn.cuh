@@ -4,12 +4,14 @@
 // where CMake's dropit::cuda found cuDNN 9 (DROPIT_CUDA_CUDNN); without it, or where no engine
 // runs a geometry, the backend keeps its own im2col + cuBLAS path.
 //
-// One operation graph per problem: X and dY in the cache's type T, dW in float (summed there and
-// stored into the caller's dW once, as the CPU backend rounds it), NCHW. Its execution plan is
-// built once per device and problem (heuristics, then the first engine configuration that
-// finalizes: milliseconds) and kept for the process; a call then binds the stream, makes a variant
-// pack and executes. As PyTorch does, a float problem runs on TF32 tensor cores only where the
-// backend allows TF32, and no engine that reduces in reduced precision is taken.
+// One operation graph per problem: X, dY and dW in the cache's type T, NCHW, dW overwritten or
+// accumulated into (beta 0 or 1: the engine sums in float and rounds once, as the CPU backend
+// does; no engine that reduces in reduced precision is taken), and, as PyTorch does, float
+// operands on TF32 tensor cores only where the backend allows TF32. Its execution plan is built
+// on first use (heuristics, then the first engine configuration that finalizes: milliseconds) and
+// kept per host thread and device, as PyTorch keeps its own: cuDNN does not promise that every
+// engine's plan may run from several threads at once. A call binds the stream, makes a variant
+// pack and executes.
 
 #include <cudnn.h>
 
@@ -19,7 +21,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -96,22 +97,24 @@ inline constexpr cudnnDataType_t cudnn_data_type = std::is_same_v<T, float>  ? C
                                                    : std::is_same_v<T, half> ? CUDNN_DATA_HALF
                                                                              : CUDNN_DATA_BFLOAT16;
 
-/// What an execution plan is built for: the operands' type, the geometry, the alignment dY is
-/// promised (16 bytes, or its element's where the caller's dY is not 16-byte aligned) and whether
-/// float operands may run on TF32 tensor cores.
+/// What an execution plan is built for: the operands' type, the geometry, the alignment the
+/// caller's dY and dW are promised (16 bytes, or their element's where either is not 16-byte
+/// aligned), whether dW is accumulated into, and whether float operands may run on TF32 tensor
+/// cores.
 struct cudnn_wgrad_problem {
   cudnnDataType_t type;
   std::array<std::int64_t, 4> x, dy, dw;  // [N, C, H, W], [N, K, P, Q], [K, C/G, R, S]
   std::array<std::int64_t, 2> stride, padding, dilation;
-  std::int64_t dy_alignment;
+  std::int64_t operand_alignment;
+  bool accumulate;
   bool allow_tf32;
 
   auto operator<=>(const cudnn_wgrad_problem&) const = default;
 };
 
 template <class T>
-cudnn_wgrad_problem make_cudnn_wgrad_problem(const conv2d_geometry& g, std::int64_t dy_alignment,
-                                             bool allow_tf32) {
+cudnn_wgrad_problem make_cudnn_wgrad_problem(const conv2d_geometry& g, bool aligned,
+                                             bool accumulate, bool allow_tf32) {
   return {cudnn_data_type<T>,
           {g.batch, g.in_channels, g.height, g.width},
           {g.batch, g.out_channels, g.out_height, g.out_width},
@@ -119,7 +122,8 @@ cudnn_wgrad_problem make_cudnn_wgrad_problem(const conv2d_geometry& g, std::int6
           {g.stride_h, g.stride_w},
           {g.pad_h, g.pad_w},
           {g.dilation_h, g.dilation_w},
-          dy_alignment,
+          aligned ? 16 : static_cast<std::int64_t>(sizeof(T)),
+          accumulate,
           allow_tf32};
 }
 
@@ -138,10 +142,10 @@ struct cudnn_wgrad_graph {
   cudnn_descriptor graph{CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, what};
 
   explicit cudnn_wgrad_graph(const cudnn_wgrad_problem& p) {
-    // X and dW live in the backend's workspace (64-byte aligned segments).
+    // X lives in the backend's workspace (a 64-byte aligned segment); dY and dW are the caller's.
     describe_tensor(x, wgrad_x, p.type, p.x, 16);
-    describe_tensor(dy, wgrad_dy, p.type, p.dy, p.dy_alignment);
-    describe_tensor(dw, wgrad_dw, CUDNN_DATA_FLOAT, p.dw, 16);
+    describe_tensor(dy, wgrad_dy, p.type, p.dy, p.operand_alignment);
+    describe_tensor(dw, wgrad_dw, p.type, p.dw, p.operand_alignment);
     const std::int64_t spatial_dims = 2;
     const cudnnDataType_t compute = CUDNN_DATA_FLOAT;
     const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
@@ -153,7 +157,7 @@ struct cudnn_wgrad_graph {
         .set(CUDNN_ATTR_CONVOLUTION_DILATIONS, p.dilation)
         .set(CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, p.stride)
         .finalize();
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
     operation.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, x)
         .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, dy)
         .set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, dw)
@@ -206,20 +210,75 @@ struct cudnn_wgrad_plan {
   std::size_t workspace_bytes = 0;
 };
 
-/// The plan of `p` on the current device, or null where none of the engines heuristics rank
-/// (mode A, then the fallback list) builds one that cudnn_engine_allowed.
-inline std::unique_ptr<cudnn_wgrad_plan> find_cudnn_wgrad_plan(const cudnn_wgrad_problem& p) {
+/// The most workspace a plan may ask for: the dense input's bytes (the backend's own path keeps
+/// its transient workspace within about that), and at least the 32 MiB PyTorch gives cuBLAS. Some
+/// engines ask for more than the input itself (a TF32 1x1 stride-2 layer of ResNet-50, 1.5 times).
+inline std::size_t cudnn_workspace_cap(const cudnn_wgrad_problem& p) {
+  const std::size_t element = p.type == CUDNN_DATA_FLOAT ? 4 : 2;
+  const auto input = static_cast<std::size_t>(p.x[0] * p.x[1] * p.x[2] * p.x[3]) * element;
+  return std::max(input, std::size_t{32} << 20);
+}
+
+/// The execution plan of one engine configuration, or null where this configuration is not for
+/// `p` (numerical notes), does not build, or asks for more than cudnn_workspace_cap.
+inline std::unique_ptr<cudnn_wgrad_plan> plan_of_configuration(
+    const cudnn_wgrad_problem& p, std::unique_ptr<cudnn_descriptor> configuration,
+    const cudnn_descriptor& device) {
   constexpr const char* what = "conv2d_weight_grad (cuDNN plan)";
+  cudnn_descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, what);
+  cudnnBackendDescriptor_t engine_raw = engine.get();
+  std::int64_t engines = 0;
+  if (cudnnBackendGetAttribute(configuration->get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engines,
+                               &engine_raw) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
+  std::int64_t noted = 0;
+  if (cudnnBackendGetAttribute(engine_raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                               CUDNN_TYPE_NUMERICAL_NOTE, static_cast<std::int64_t>(notes.size()),
+                               &noted, notes.data()) != CUDNN_STATUS_SUCCESS)
+    return nullptr;
+  notes.resize(static_cast<std::size_t>(
+      std::clamp<std::int64_t>(noted, 0, CUDNN_NUMERICAL_NOTE_TYPE_COUNT)));
+  if (!cudnn_engine_allowed(p, notes)) return nullptr;
   auto result = std::make_unique<cudnn_wgrad_plan>();
-  result->graph = std::make_unique<cudnn_wgrad_graph>(p);
+  result->plan = std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what);
+  result->plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configuration)
+      .set(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, device);
+  if (result->plan->try_finalize() != CUDNN_STATUS_SUCCESS) return nullptr;
+  std::int64_t workspace = 0, got = 0;
+  check_cudnn(
+      cudnnBackendGetAttribute(result->plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                               CUDNN_TYPE_INT64, 1, &got, &workspace),
+      what);
+  result->workspace_bytes = static_cast<std::size_t>(std::max<std::int64_t>(workspace, 0));
+  if (result->workspace_bytes > cudnn_workspace_cap(p)) return nullptr;
+  result->configuration = std::move(configuration);
+  return result;
+}
+
+/// The properties of the device this thread's cuDNN handle is for, as plans are built for them.
+inline std::unique_ptr<cudnn_descriptor> current_device_properties() {
+  constexpr const char* what = "conv2d_weight_grad (cuDNN device)";
   const cudnnHandle_t handle = library_handles<cudnn_library>::current(what);
-  result->device = std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, what);
-  result->device->set(CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, &handle).finalize();
+  auto device = std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, what);
+  device->set(CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, &handle).finalize();
+  return device;
+}
+
+/// The plan of `p` on the device `device` describes: the first engine configuration that
+/// heuristics rank (mode A, then the fallback list) and plan_of_configuration accepts; null where
+/// none does. Throws `dropit::error` where cuDNN fails otherwise (a graph it refuses). Needs no
+/// device itself: the tests build plans for a described GPU on machines without one.
+inline std::unique_ptr<cudnn_wgrad_plan> find_cudnn_wgrad_plan(
+    const cudnn_wgrad_problem& p, std::unique_ptr<cudnn_descriptor> device) {
+  constexpr const char* what = "conv2d_weight_grad (cuDNN plan)";
+  auto graph = std::make_unique<cudnn_wgrad_graph>(p);
   for (const cudnnBackendHeurMode_t mode : {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK}) {
     cudnn_descriptor heuristics(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, what);
-    heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, result->graph->graph)
+    heuristics.set(CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph->graph)
         .set(CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode)
-        .set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, *result->device);
+        .set(CUDNN_ATTR_ENGINEHEUR_DEVICEPROP, *device);
     if (heuristics.try_finalize() != CUDNN_STATUS_SUCCESS) continue;
     std::int64_t count = 0;
     if (cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
@@ -233,79 +292,53 @@ inline std::unique_ptr<cudnn_wgrad_plan> find_cudnn_wgrad_plan(const cudnn_wgrad
           std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, what));
       raw.push_back(configurations.back()->get());
     }
-    std::int64_t returned = 0;
+    std::int64_t returned = 0;  // may be fewer than the count asked for first
     if (cudnnBackendGetAttribute(heuristics.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &returned,
                                  raw.data()) != CUDNN_STATUS_SUCCESS)
       continue;
     for (std::int64_t i = 0; i < std::min(count, returned); ++i) {
-      cudnn_descriptor engine(CUDNN_BACKEND_ENGINE_DESCRIPTOR, what);
-      cudnnBackendDescriptor_t engine_raw = engine.get();
-      std::int64_t engines = 0;
-      if (cudnnBackendGetAttribute(raw[i], CUDNN_ATTR_ENGINECFG_ENGINE,
-                                   CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engines,
-                                   &engine_raw) != CUDNN_STATUS_SUCCESS)
-        continue;
-      std::vector<cudnnBackendNumericalNote_t> notes(CUDNN_NUMERICAL_NOTE_TYPE_COUNT);
-      std::int64_t noted = 0;
-      if (cudnnBackendGetAttribute(engine_raw, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                   CUDNN_TYPE_NUMERICAL_NOTE,
-                                   static_cast<std::int64_t>(notes.size()), &noted,
-                                   notes.data()) != CUDNN_STATUS_SUCCESS)
-        continue;
-      notes.resize(static_cast<std::size_t>(
-          std::clamp<std::int64_t>(noted, 0, CUDNN_NUMERICAL_NOTE_TYPE_COUNT)));
-      if (!cudnn_engine_allowed(p, notes)) continue;
-      auto plan = std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, what);
-      plan->set(CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configurations[i])
-          .set(CUDNN_ATTR_EXECUTION_PLAN_DEVICEPROP, *result->device);
-      if (plan->try_finalize() != CUDNN_STATUS_SUCCESS) continue;
-      std::int64_t workspace = 0, got = 0;
-      check_cudnn(cudnnBackendGetAttribute(plan->get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                           CUDNN_TYPE_INT64, 1, &got, &workspace),
-                  what);
-      result->configuration = std::move(configurations[i]);
-      result->plan = std::move(plan);
-      result->workspace_bytes = static_cast<std::size_t>(std::max<std::int64_t>(workspace, 0));
-      return result;
+      std::unique_ptr<cudnn_wgrad_plan> plan;
+      try {
+        plan = plan_of_configuration(p, std::move(configurations[i]), *device);
+      } catch (const dropit::error&) {
+        continue;  // this configuration, not the search
+      }
+      if (!plan) continue;
+      plan->graph = std::move(graph);
+      plan->device = std::move(device);
+      return plan;
     }
   }
   return nullptr;
 }
 
-/// find_cudnn_wgrad_plan, or null where this cuDNN is older than cudnn_minimum_version or refuses
-/// the problem (a geometry beyond its limits, say): the backend's own path then computes it. The
-/// CUDA tests check that every geometry they run gets a plan.
-inline std::unique_ptr<cudnn_wgrad_plan> build_cudnn_wgrad_plan(const cudnn_wgrad_problem& p) {
+/// This thread's plan of `p` on the current device, built on first use and kept (never destroyed:
+/// cuDNN's teardown at exit races the runtime's, as PyTorch found). Null where this cuDNN is older
+/// than cudnn_minimum_version, or no engine runs the problem (kept: asked once), or cuDNN failed
+/// (not kept: asked again next time); the backend's own path then computes the gradient. The CUDA
+/// tests check that every geometry they run gets a plan.
+inline const cudnn_wgrad_plan* cudnn_wgrad_plan_for(const cudnn_wgrad_problem& p) {
+  using plan_map = std::map<std::pair<int, cudnn_wgrad_problem>, std::unique_ptr<cudnn_wgrad_plan>>;
+  thread_local auto* plans = new plan_map;
   if (cudnnGetVersion() < cudnn_minimum_version) return nullptr;
+  int device = 0;
+  check(cudaGetDevice(&device), "conv2d_weight_grad (cuDNN plan)");
+  const auto key = std::make_pair(device, p);
+  if (const auto found = plans->find(key); found != plans->end()) return found->second.get();
+  std::unique_ptr<cudnn_wgrad_plan> plan;
   try {
-    return find_cudnn_wgrad_plan(p);
+    plan = find_cudnn_wgrad_plan(p, current_device_properties());
   } catch (const dropit::error&) {
     return nullptr;
   }
+  return plans->emplace(key, std::move(plan)).first->second.get();
 }
 
-/// The plan of `p` on the current device, built on first use and kept for the process (null when
-/// build_cudnn_wgrad_plan found none, which is kept too).
-inline const cudnn_wgrad_plan* cudnn_wgrad_plan_for(const cudnn_wgrad_problem& p) {
-  struct cache {
-    std::mutex mutex;
-    std::map<std::pair<int, cudnn_wgrad_problem>, std::unique_ptr<cudnn_wgrad_plan>> plans;
-  };
-  static auto* plans = new cache;  // never destroyed: plans outlive the runtime's teardown
-  int device = 0;
-  check(cudaGetDevice(&device), "conv2d_weight_grad (cuDNN plan)");
-  const std::lock_guard lock(plans->mutex);
-  const auto key = std::make_pair(device, p);
-  auto found = plans->plans.find(key);
-  if (found == plans->plans.end())
-    found = plans->plans.emplace(key, build_cudnn_wgrad_plan(p)).first;
-  return found->second.get();
-}
-
-/// Enqueues `plan` on `stream`: dW (float) = the weight gradient of X and dY (type T).
+/// Enqueues `plan` on `stream`: dW (=, or += where the plan accumulates) the weight gradient of X
+/// and dY, all of the plan's type.
 inline void run_cudnn_wgrad(cudaStream_t stream, const cudnn_wgrad_plan& plan, const void* x,
-                            const void* dy, float* dw, void* workspace) {
+                            const void* dy, void* dw, void* workspace) {
   constexpr const char* what = "conv2d_weight_grad (cuDNN)";
   const cudnnHandle_t handle = library_handles<cudnn_library>::current(what);
   check_cudnn(cudnnSetStream(handle, stream), what);

@@ -6,9 +6,9 @@
 //   n/k rescaling is the exception: its gradient uses the unrounded product n/k * value (as the CPU
 //   backend does), which a 16-bit densify would round, so it densifies into float and runs the
 //   16x16-tiled kernel of kernels.cuh.
-// - conv2d: densify into the input's own type, then cuDNN's backward-filter convolution into a
-//   float dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry), stored into dW
-//   once (rounded once, as on the CPU). Otherwise im2col + cuBLAS over blocks of samples: each
+// - conv2d: densify into the input's own type, then cuDNN's backward-filter convolution straight
+//   into dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry; it sums in float
+//   and rounds once, accumulating with beta 1). Otherwise im2col + cuBLAS over blocks of samples: each
 //   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
 //   into the float dW. Blocks hold as many samples as fit in the size of the dense input, so the
 //   transient workspace stays within twice the dense activation (plus one sample's block when a
@@ -82,9 +82,9 @@ struct conv2d_scratch {
   float* dw_sum = nullptr;  // [numel of dW]
   std::int64_t block_samples = 0;
 #if DROPIT_CUDA_CUDNN
-  // cuDNN's plans for a 16-byte aligned dZ and for any other (null: the im2col path).
-  const cudnn_wgrad_plan* cudnn_aligned = nullptr;
-  const cudnn_wgrad_plan* cudnn_unaligned = nullptr;
+  // cuDNN's plans, [dZ and dW 16-byte aligned][accumulating], all of them or none (the im2col
+  // path): the workspace query cannot know the call's pointers or mode.
+  const cudnn_wgrad_plan* cudnn[2][2] = {};
   std::byte* cudnn_workspace = nullptr;
 #endif
 };
@@ -107,18 +107,23 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
   const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
 #if DROPIT_CUDA_CUDNN
   if (g.batch > 0 && g.out_height * g.out_width > 0 && outputs > 0) {
-    s.cudnn_aligned = cudnn_wgrad_plan_for(make_cudnn_wgrad_problem<T>(g, 16, allow_tf32));
-    s.cudnn_unaligned =
-        cudnn_wgrad_plan_for(make_cudnn_wgrad_problem<T>(g, sizeof(T), allow_tf32));
-    if (s.cudnn_aligned != nullptr && s.cudnn_unaligned != nullptr) {
+    bool every_plan = true;
+    std::size_t workspace = 0;
+    for (const bool aligned : {false, true})
+      for (const bool accumulate : {false, true}) {
+        const cudnn_wgrad_plan* plan = cudnn_wgrad_plan_for(
+            make_cudnn_wgrad_problem<T>(g, aligned, accumulate, allow_tf32));
+        s.cudnn[aligned][accumulate] = plan;
+        every_plan = every_plan && plan != nullptr;
+        if (plan != nullptr) workspace = std::max(workspace, plan->workspace_bytes);
+      }
+    if (every_plan) {
       s.gradient.dense = carver.add<T>(n);
       s.gradient.reading = add_densify_scratch(carver, layout);
-      s.cudnn_workspace = carver.add<std::byte>(
-          std::max(s.cudnn_aligned->workspace_bytes, s.cudnn_unaligned->workspace_bytes));
-      s.dw_sum = carver.add<float>(outputs);
+      s.cudnn_workspace = carver.add<std::byte>(workspace);
       return s;
     }
-    s.cudnn_aligned = s.cudnn_unaligned = nullptr;
+    s = conv2d_scratch{};
   }
 #else
   static_cast<void>(allow_tf32);
@@ -183,13 +188,11 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
   T* dz_rows = static_cast<T*>(scratch.dz_rows);
   densify<T, T>(stream, x, dense, scratch.gradient.reading);
 #if DROPIT_CUDA_CUDNN
-  if (scratch.cudnn_aligned != nullptr) {
-    const bool aligned = reinterpret_cast<std::uintptr_t>(dz) % 16 == 0;
-    run_cudnn_wgrad(stream, aligned ? *scratch.cudnn_aligned : *scratch.cudnn_unaligned, dense, dz,
-                    scratch.dw_sum, scratch.cudnn_workspace);
-    store_gradient_kernel<T>
-        <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
-    check_launch("dropit store_gradient_kernel");
+  if (scratch.cudnn[0][0] != nullptr) {
+    const bool aligned = reinterpret_cast<std::uintptr_t>(dz) % 16 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(dw) % 16 == 0;
+    run_cudnn_wgrad(stream, *scratch.cudnn[aligned][mode == grad_mode::accumulate], dense, dz, dw,
+                    scratch.cudnn_workspace);
     return;
   }
 #endif
