@@ -5,13 +5,13 @@
 // runs a geometry, the backend keeps its own im2col + cuBLAS path.
 //
 // One operation graph per problem: X, dY and dW in the cache's type T, NCHW, dW overwritten or
-// accumulated into (beta 0 or 1: the engine sums in float and rounds once, as the CPU backend
-// does; no engine that reduces in reduced precision is taken), and, as PyTorch does, float
-// operands on TF32 tensor cores only where the backend allows TF32. Its execution plan is built
-// on first use (heuristics, then the first engine configuration that finalizes: milliseconds) and
-// kept per host thread and device, as PyTorch keeps its own: cuDNN does not promise that every
-// engine's plan may run from several threads at once. A call binds the stream, makes a variant
-// pack and executes.
+// accumulated into (beta 0 or 1, blended in the float compute type; no engine that reduces in
+// reduced precision is taken: the CUDA tests hold dW += to the once-rounded sum), and, as PyTorch
+// does, float operands on TF32 tensor cores only where the backend allows TF32. Its execution
+// plan is built on first use (heuristics, then the first engine configuration that finalizes:
+// milliseconds) and kept per host thread and device, as PyTorch keeps its own: cuDNN does not
+// promise that every engine's plan may run from several threads at once. A call binds the
+// stream, makes a variant pack and executes.
 
 #include <cudnn.h>
 

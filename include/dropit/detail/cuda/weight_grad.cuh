@@ -7,13 +7,13 @@
 //   backend does), which a 16-bit densify would round, so it densifies into float and runs the
 //   16x16-tiled kernel of kernels.cuh.
 // - conv2d: densify into the input's own type, then cuDNN's backward-filter convolution straight
-//   into dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry; it sums in float
-//   and rounds once, accumulating with beta 1). Otherwise im2col + cuBLAS over blocks of samples: each
+//   into dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry; dW += blends with
+//   beta 1 in cuDNN's float compute type). Otherwise im2col + cuBLAS over blocks of samples: each
 //   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
-//   into the float dW. Blocks hold as many samples as fit in the size of the dense input, so the
-//   transient workspace stays within twice the dense activation (plus one sample's block when a
-//   single sample is larger). 16-bit caches with rescaling densify into float and keep the direct
-//   kernel, as linear does.
+//   into a float dW, stored into dW once at the end (rounded once, as on the CPU). Blocks hold
+//   as many samples as fit in the size of the dense input, so the transient workspace stays within
+//   twice the dense activation (plus one sample's block when a single sample is larger). 16-bit
+//   caches with rescaling densify into float and keep the direct kernel, as linear does.
 // Float GEMMs and convolutions run on TF32 tensor cores only where the backend allows TF32.
 
 #include <algorithm>
