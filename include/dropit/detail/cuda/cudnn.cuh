@@ -211,8 +211,7 @@ struct cudnn_wgrad_plan {
 };
 
 /// The most workspace a plan may ask for: the dense input's bytes (the backend's own path keeps
-/// its transient workspace within about that), and at least the 32 MiB PyTorch gives cuBLAS. Some
-/// engines ask for more than the input itself (a TF32 1x1 stride-2 layer of ResNet-50, 1.5 times).
+/// its transient workspace within about that), and at least the 32 MiB PyTorch gives cuBLAS.
 inline std::size_t cudnn_workspace_cap(const cudnn_wgrad_problem& p) {
   const std::size_t element = p.type == CUDNN_DATA_FLOAT ? 4 : 2;
   const auto input = static_cast<std::size_t>(p.x[0] * p.x[1] * p.x[2] * p.x[3]) * element;
@@ -313,26 +312,53 @@ inline std::unique_ptr<cudnn_wgrad_plan> find_cudnn_wgrad_plan(
   return nullptr;
 }
 
-/// This thread's plan of `p` on the current device, built on first use and kept (never destroyed:
-/// cuDNN's teardown at exit races the runtime's, as PyTorch found). Null where this cuDNN is older
-/// than cudnn_minimum_version, or no engine runs the problem (kept: asked once), or cuDNN failed
-/// (not kept: asked again next time); the backend's own path then computes the gradient. The CUDA
-/// tests check that every geometry they run gets a plan.
-inline const cudnn_wgrad_plan* cudnn_wgrad_plan_for(const cudnn_wgrad_problem& p) {
-  using plan_map = std::map<std::pair<int, cudnn_wgrad_problem>, std::unique_ptr<cudnn_wgrad_plan>>;
-  thread_local auto* plans = new plan_map;
+/// The four plans one conv2d weight gradient may need, [dZ and dW 16-byte aligned][accumulating]:
+/// the workspace query cannot know the call's pointers or mode, so it sizes for all of them.
+struct cudnn_wgrad_plans {
+  std::unique_ptr<cudnn_wgrad_plan> by[2][2];
+  std::size_t workspace_bytes = 0;  // the most any of them needs
+
+  const cudnn_wgrad_plan& for_call(const void* dy, const void* dw, bool accumulate) const {
+    const bool aligned = reinterpret_cast<std::uintptr_t>(dy) % 16 == 0 &&
+                         reinterpret_cast<std::uintptr_t>(dw) % 16 == 0;
+    return *by[aligned][accumulate];
+  }
+};
+
+/// This thread's plans of a `T` weight gradient of geometry `g` on the current device, built on
+/// first use and kept (never destroyed: cuDNN's teardown at exit races the runtime's, as PyTorch
+/// found). Null where this cuDNN is older than cudnn_minimum_version, or no engine runs one of
+/// the four problems (kept: asked once), or cuDNN failed (not kept: asked again next time); the
+/// backend's own path then computes the gradient. The CUDA tests check that every geometry they
+/// run gets its plans.
+template <class T>
+const cudnn_wgrad_plans* cudnn_wgrad_plans_for(const conv2d_geometry& g, bool allow_tf32) {
+  using plans_map =
+      std::map<std::pair<int, cudnn_wgrad_problem>, std::unique_ptr<cudnn_wgrad_plans>>;
+  thread_local auto* known = new plans_map;
   if (cudnnGetVersion() < cudnn_minimum_version) return nullptr;
   int device = 0;
   check(cudaGetDevice(&device), "conv2d_weight_grad (cuDNN plan)");
-  const auto key = std::make_pair(device, p);
-  if (const auto found = plans->find(key); found != plans->end()) return found->second.get();
-  std::unique_ptr<cudnn_wgrad_plan> plan;
+  auto key = std::make_pair(device, make_cudnn_wgrad_problem<T>(g, true, false, allow_tf32));
+  if (const auto found = known->find(key); found != known->end()) return found->second.get();
+  auto plans = std::make_unique<cudnn_wgrad_plans>();
   try {
-    plan = find_cudnn_wgrad_plan(p, current_device_properties());
+    for (const bool aligned : {false, true})
+      for (const bool accumulate : {false, true}) {
+        auto& plan = plans->by[aligned][accumulate];
+        plan =
+            find_cudnn_wgrad_plan(make_cudnn_wgrad_problem<T>(g, aligned, accumulate, allow_tf32),
+                                  current_device_properties());
+        if (!plan) {
+          plans.reset();
+          return known->emplace(std::move(key), nullptr).first->second.get();
+        }
+        plans->workspace_bytes = std::max(plans->workspace_bytes, plan->workspace_bytes);
+      }
   } catch (const dropit::error&) {
     return nullptr;
   }
-  return plans->emplace(key, std::move(plan)).first->second.get();
+  return known->emplace(std::move(key), std::move(plans)).first->second.get();
 }
 
 /// Enqueues `plan` on `stream`: dW (=, or += where the plan accumulates) the weight gradient of X

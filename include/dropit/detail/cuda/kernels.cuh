@@ -371,8 +371,8 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
     const T* chunk_values = values + layout.values_begin(chunk);
     Out* chunk_out = out + layout.chunk_begin(chunk);
     const float scale = layout.value_scale(chunk);
+    using store_t = sixteen_bytes_of<Out>;
     constexpr int per_store = 16 / sizeof(Out);  // divides 32: a store's elements share a word
-    using store_t = consecutive_items<Out, per_store>;
     const bool aligned = reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(store_t) == 0;
     for (std::uint32_t e = threadIdx.x * per_store; e < length; e += block_threads * per_store) {
       const std::uint32_t word = word_bits[e / 32], bit = e % 32;
@@ -397,12 +397,13 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
 /// one block per chunk zeroes the chunk's span with 16-byte stores, then writes the chunk's kept
 /// values at their offsets. Zeros and values meet in L2, so DRAM takes about one write of each
 /// output byte, where a memset and then a scatter kernel write the sectors holding a kept value a
-/// second time once a large output has left L2 (a third more bytes at gamma 0.95 in float32).
+/// second time once a large output has left L2 (a third more bytes at gamma 0.95 in float32, by
+/// the model of docs/gpu-kernels.md).
 template <class T, class Out>
 DROPIT_KERNEL void chunk_scatter_offsets_kernel(cache_layout layout, const T* values,
                                                 const std::uint16_t* offsets, Out* out) {
+  using store_t = sixteen_bytes_of<Out>;
   constexpr int per_store = 16 / sizeof(Out);
-  using store_t = consecutive_items<Out, per_store>;
   const std::int64_t chunks = layout.chunk_count();
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
@@ -428,10 +429,10 @@ DROPIT_KERNEL void chunk_scatter_offsets_kernel(cache_layout layout, const T* va
 }
 
 /// out[chunk start + offset] = value, for every kept value (out zeroed beforehand): caches whose
-/// offsets are 32-bit (whole-tensor selections, one chunk).
-template <class T, class Out, class Offset>
+/// offsets are 32-bit (whole-tensor selections, and chunks longer than 2^16).
+template <class T, class Out>
 DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept, const T* values,
-                                          const Offset* offsets, Out* out) {
+                                          const std::uint32_t* offsets, Out* out) {
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   // Read once, not per element (see mask_densify_kernel).
   const std::int64_t full_chunks = layout.full_chunk_count();

@@ -39,6 +39,9 @@ struct alignas(N * sizeof(Item)) consecutive_items {
 };
 template <class Item>
 using four_items = consecutive_items<Item, 4>;
+/// As many items as 16 bytes hold: one vector load or store (four float, eight 16-bit).
+template <class Item>
+using sixteen_bytes_of = consecutive_items<Item, 16 / sizeof(Item)>;
 
 /// The keys of a selection's candidates (selection_traits::key): ranked values of `data`, or
 /// generator draws of `stream` (`data` unused, may be null).

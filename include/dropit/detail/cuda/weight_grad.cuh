@@ -82,9 +82,7 @@ struct conv2d_scratch {
   float* dw_sum = nullptr;  // [numel of dW]
   std::int64_t block_samples = 0;
 #if DROPIT_CUDA_CUDNN
-  // cuDNN's plans, [dZ and dW 16-byte aligned][accumulating], all of them or none (the im2col
-  // path): the workspace query cannot know the call's pointers or mode.
-  const cudnn_wgrad_plan* cudnn[2][2] = {};
+  const cudnn_wgrad_plans* cudnn = nullptr;  // null: the im2col path
   std::byte* cudnn_workspace = nullptr;
 #endif
 };
@@ -107,23 +105,13 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
   const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
 #if DROPIT_CUDA_CUDNN
   if (g.batch > 0 && g.out_height * g.out_width > 0 && outputs > 0) {
-    bool every_plan = true;
-    std::size_t workspace = 0;
-    for (const bool aligned : {false, true})
-      for (const bool accumulate : {false, true}) {
-        const cudnn_wgrad_plan* plan = cudnn_wgrad_plan_for(
-            make_cudnn_wgrad_problem<T>(g, aligned, accumulate, allow_tf32));
-        s.cudnn[aligned][accumulate] = plan;
-        every_plan = every_plan && plan != nullptr;
-        if (plan != nullptr) workspace = std::max(workspace, plan->workspace_bytes);
-      }
-    if (every_plan) {
+    s.cudnn = cudnn_wgrad_plans_for<T>(g, allow_tf32);
+    if (s.cudnn != nullptr) {
       s.gradient.dense = carver.add<T>(n);
       s.gradient.reading = add_densify_scratch(carver, layout);
-      s.cudnn_workspace = carver.add<std::byte>(workspace);
+      s.cudnn_workspace = carver.add<std::byte>(s.cudnn->workspace_bytes);
       return s;
     }
-    s = conv2d_scratch{};
   }
 #else
   static_cast<void>(allow_tf32);
@@ -188,11 +176,9 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
   T* dz_rows = static_cast<T*>(scratch.dz_rows);
   densify<T, T>(stream, x, dense, scratch.gradient.reading);
 #if DROPIT_CUDA_CUDNN
-  if (scratch.cudnn[0][0] != nullptr) {
-    const bool aligned = reinterpret_cast<std::uintptr_t>(dz) % 16 == 0 &&
-                         reinterpret_cast<std::uintptr_t>(dw) % 16 == 0;
-    run_cudnn_wgrad(stream, *scratch.cudnn[aligned][mode == grad_mode::accumulate], dense, dz, dw,
-                    scratch.cudnn_workspace);
+  if (scratch.cudnn != nullptr) {
+    run_cudnn_wgrad(stream, scratch.cudnn->for_call(dz, dw, mode == grad_mode::accumulate), dense,
+                    dz, dw, scratch.cudnn_workspace);
     return;
   }
 #endif
