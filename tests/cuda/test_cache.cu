@@ -145,6 +145,117 @@ TEST_CASE_TEMPLATE("cuda: kept ties ending at an emit group or warp segment boun
   }
 }
 
+// Min-k over a whole tensor of more spans than one warp of the emit's look-back reads at once
+// (32) and more tiles of mask words than the densify's: the radix passes with the bin holding the
+// cut collected (values spread over many octaves) and not collected (values in [1, 2): an eighth
+// of them; one big tie: all of them).
+TEST_CASE_TEMPLATE("cuda: min-k over a whole tensor of many spans", T, float, dropit::half,
+                   bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t n = 40 * 16384 + 77;
+  std::vector<T> narrow(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    narrow[i] = test::make<T>(1.0 + static_cast<double>(i * 7919 % 1000) / 1000.0);
+  // Values spread evenly over 40 octaves: the bin holding any cut, an eighth of an octave, holds
+  // 1/320 of them, collected by the second pass of float.
+  std::vector<T> spread(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    spread[i] = test::make<T>(std::ldexp(1.0 + static_cast<double>(i * 7919 % 1000) / 1000.0,
+                                         static_cast<int>(i * 31 % 40) - 20));
+  const std::vector<std::vector<T>> inputs = {test::smooth_values<T>(n, 31),
+                                              test::nasty_values<T>(n, 32), spread, narrow,
+                                              std::vector<T>(n, test::make<T>(1.0))};
+  for (std::size_t input = 0; input < inputs.size(); ++input)
+    for (const double gamma : {0.0, 0.5, 0.9, 0.999}) {
+      CAPTURE(input);
+      CAPTURE(gamma);
+      check_parity(inputs[input], {n}, policy<min_k_selection>{{gamma}}, gpu);
+    }
+  // Either side of the largest range one block selects (2^13): tensors and channels.
+  for (const std::int64_t m : {8191, 8192, 8193})
+    for (const double gamma : {0.5, 0.9}) {
+      CAPTURE(m);
+      CAPTURE(gamma);
+      const auto x = test::nasty_values<T>(2 * m, static_cast<std::uint64_t>(m));
+      const std::vector<T> head(x.begin(), x.begin() + m);
+      check_parity(head, {m}, policy<min_k_selection>{{gamma}}, gpu);
+      check_parity(x, {2, m}, policy<min_k_selection, channel_granularity>{{gamma}, {1}}, gpu);
+      check_parity(x, {2, m},
+                   policy<random_selection, channel_granularity>{{.gamma = gamma, .seed = 5}, {1}},
+                   gpu);
+    }
+}
+
+namespace {
+
+__global__ void look_back_kernel(dropit::detail::cuda::lookback_tiles tiles, std::uint32_t tile,
+                                 std::uint64_t count, std::uint64_t* prefix) {
+  const std::uint64_t got = dropit::detail::cuda::exclusive_prefix(tiles, tile, count);
+  if (threadIdx.x == 0) *prefix = got;
+}
+
+}  // namespace
+
+// The look-back of the last of 101 tiles whose predecessors published their own counts only (1 ..
+// 99: counted) back to an inclusive prefix: through three windows of 32 to tile 0, or stopping at
+// the nearest inclusive one. The span emit and the bitmask densify rely on it; their tiles only
+// reach past one window when timing allows, so it is checked here on statuses set beforehand.
+TEST_CASE("cuda: a look-back crosses windows of counted tiles to the nearest inclusive prefix") {
+  namespace dc = dropit::detail::cuda;
+  constexpr std::uint32_t tiles = 101, last = tiles - 1;
+  for (const std::uint32_t inclusive_at : {0u, 5u, 60u, 99u}) {
+    CAPTURE(inclusive_at);
+    std::vector<std::uint32_t> zeroed(dc::lookback_tiles::zeroed_words(tiles), 0u);
+    std::vector<std::uint64_t> counts(tiles, 0), inclusives(tiles, 0);
+    std::uint64_t want = 1000 * (inclusive_at + 1);  // the inclusive prefix found
+    inclusives[inclusive_at] = want;
+    zeroed[1 + inclusive_at] = dc::tile_inclusive;
+    for (std::uint32_t t = inclusive_at + 1; t < last; ++t) {
+      counts[t] = t;
+      zeroed[1 + t] = dc::tile_counted;
+      want += t;
+    }
+    // Tiles before the inclusive one must not be read: garbage counts, flagged counted.
+    for (std::uint32_t t = 0; t < inclusive_at; ++t) {
+      counts[t] = 1u << 30;
+      zeroed[1 + t] = dc::tile_counted;
+    }
+    device_buffer<std::uint32_t> zeroed_d(zeroed);
+    device_buffer<std::uint64_t> counts_d(counts), inclusives_d(inclusives), prefix_d(1);
+    const dc::lookback_tiles t{zeroed_d.data(), counts_d.data(), inclusives_d.data()};
+    look_back_kernel<<<1, 32>>>(t, last, 7, prefix_d.data());
+    CUDA_REQUIRE(cudaGetLastError());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    CHECK(prefix_d.download()[0] == want);
+    CHECK(inclusives_d.download()[last] == want + 7);
+    CHECK(zeroed_d.download()[1 + last] == dc::tile_inclusive);
+  }
+}
+
+// The selection's scratch is transient but counts at the allocator's peak: for min-k over a whole
+// tensor it must stay a small fraction of the input (a sixteenth of the float keys set aside for
+// the last pass, nothing for 16-bit types, whose two passes need none), and for channels little
+// besides the channel scores.
+TEST_SUITE("deviceless") {
+  TEST_CASE("cuda: the scratch of min-k over a whole tensor or its channels stays small") {
+    const cuda_backend gpu{};
+    const std::int64_t n = std::int64_t{64} * 256 * 56 * 56;
+    const dropit::shape s{64, 256, 56, 56};
+    const auto whole = policy<min_k_selection>{{0.9}};
+    const auto f32 = compress_workspace_bytes<float>(gpu, plan_cache<float>(whole, s));
+    CHECK(f32 > static_cast<std::size_t>(n) * sizeof(float) / 16);
+    CHECK(f32 <= static_cast<std::size_t>(n) * sizeof(float) / 16 + (std::size_t{1} << 20));
+    const auto bf16 = compress_workspace_bytes<bfloat16>(gpu, plan_cache<bfloat16>(whole, s));
+    CHECK(bf16 <= std::size_t{1} << 20);
+    const auto channels = policy<min_k_selection, channel_granularity>{{0.9}, {1}};
+    const auto per_channel = compress_workspace_bytes<float>(gpu, plan_cache<float>(channels, s));
+    // The run sums (a double per channel and run of 1024 elements) and a key per channel, then
+    // the selection's.
+    const std::size_t runs = 64 * 56 * 56 / 1024;
+    CHECK(per_channel <= (256 * runs + 256) * sizeof(double) + (std::size_t{64} << 10));
+  }
+}
+
 TEST_CASE("cuda: work on the caller's stream") {
   cudaStream_t stream = nullptr;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

@@ -26,6 +26,11 @@ DROPIT_HOST_DEVICE inline std::uint32_t magnitude_key(T value) {
   return sizeof(T) == 4 ? key : key << 16;
 }
 
+/// The top bits of a magnitude key that can be set: all 32 for float, the high 16 for 16-bit types
+/// (a radix pass over the low half would decide nothing).
+template <storage_type T>
+inline constexpr int magnitude_key_bits = 8 * static_cast<int>(sizeof(T));
+
 DROPIT_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
   // splitmix64's finaliser: a bijection with full avalanche.
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

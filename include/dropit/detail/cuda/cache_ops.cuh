@@ -10,8 +10,9 @@
 //   Chunks too long for the device's shared memory recompute their keys from global memory (L2
 //   after the first pass) in every pass.
 // - min-k over the whole tensor, and channel selection: the multi-block select_global below, over
-//   magnitude keys, generator draws or channel-score keys. It reads the keys 4 times (8 for 64-bit
-//   channel-score keys) for the radix passes, once to count per span and once to emit.
+//   magnitude keys, generator draws or channel-score keys: a radix pass per 12 bits of key (two
+//   for 16-bit magnitudes, three for float and draws, six for 64-bit channel scores), reading
+//   every key until a pass has collected the bin holding the cut, then one emit with look-back.
 
 #include <algorithm>
 #include <cstddef>
@@ -27,6 +28,7 @@
 #include "../common/keys.hpp"
 #include "common.cuh"
 #include "kernels.cuh"
+#include "lookback.cuh"
 #include "select.cuh"
 
 namespace dropit::detail::cuda {
@@ -35,55 +37,79 @@ namespace dropit::detail::cuda {
 // Selection over many blocks.
 
 struct global_select_scratch {
-  void* state = nullptr;  // a select_state<Key>
-  unsigned long long* histogram = nullptr;
-  std::uint64_t* span_counts = nullptr;
-  std::uint64_t* span_offsets = nullptr;
+  void* state = nullptr;            // a range_state<Key>
+  std::uint32_t* zeroed = nullptr;  // the passes' histogram and counters, then the emit's words
+  std::size_t zeroed_words = 0;
+  void* candidates = nullptr;  // `capacity` keys
+  std::uint32_t capacity = 0;
+  lookback_tiles spans;  // the emit's
 };
 
-inline global_select_scratch add_global_select(workspace_carver& carver, std::int64_t candidates) {
-  const auto spans = static_cast<std::size_t>((candidates + span_size - 1) / span_size);
+/// The scratch of select_global<Key, KeyBits> over `m` candidates (none for a range one block
+/// selects). Where a pass follows the second (keys of more than 24 bits), the second may set aside
+/// the keys of the bin it starts from for the passes after it: room for a sixteenth of the
+/// candidates.
+template <class Key, int KeyBits>
+global_select_scratch add_global_select(workspace_carver& carver, std::int64_t m) {
   global_select_scratch s;
-  s.state = carver.add<select_state<std::uint64_t>>(1);  // the larger of both key types
-  s.histogram = carver.add<unsigned long long>(radix_bins);
-  s.span_counts = carver.add<std::uint64_t>(spans);
-  s.span_offsets = carver.add<std::uint64_t>(spans);
+  if (m <= range_in_block_limit) return s;
+  const std::int64_t spans = (m + span_size - 1) / span_size;
+  s.state = carver.add<range_state<Key>>(1);
+  s.zeroed_words = range_bins + 2 + lookback_tiles::zeroed_words(spans);
+  s.zeroed = carver.add<std::uint32_t>(s.zeroed_words);
+  s.spans = add_lookback_tiles(carver, spans, s.zeroed + range_bins + 2);
+  s.capacity = range_digits<Key, KeyBits>::passes >= 3 ? static_cast<std::uint32_t>(m / 16) : 0u;
+  s.candidates = carver.add<Key>(std::size_t{s.capacity});
   return s;
 }
 
-/// Keeps the `k` largest of the `m` keys `key_of(0 .. m-1)` (ties to the lower index) and calls
-/// `visit` (see emit_selected) on them in index order, with their slots 0 .. k-1.
-template <class Key, class KeyOf, class Visit>
+/// Keeps the `k` largest of the `m` keys `key_of(0 .. m-1)` (m < 2^32; ties to the lower index),
+/// whose low bits below the top `KeyBits` are zero, and calls `visit` (see emit_selected) on them
+/// in index order, with their slots 0 .. k-1. Up to range_in_block_limit keys, one block in one
+/// launch; beyond, a memset of the scratch's counters, one select_range_pass_kernel per 12 bits of
+/// key (two for 16-bit magnitudes, three for float) and select_range_emit_kernel: the candidates
+/// are read once per pass until a pass has collected the bin holding the cut, and once by the
+/// emit — three times for float magnitudes whose bin fits the candidate buffer, against six in 12
+/// launches when every pass decided 8 bits over every key and a count kernel and a one-block scan
+/// preceded the emit.
+template <class Key, int KeyBits, class KeyOf, class Visit>
 void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std::int64_t k,
                    const global_select_scratch& scratch, const Visit& visit) {
   if (m <= 0) return;
-  auto* state = static_cast<select_state<Key>*>(scratch.state);
-  const bool keep_all = k >= m;  // the cut (0, m): every key is >= 0
-  const auto candidates = static_cast<std::uint64_t>(m);
-  select_init_kernel<Key><<<1, block_threads, 0, stream>>>(
-      state, scratch.histogram, static_cast<std::uint64_t>(keep_all ? m : k));
-  check_launch("dropit select_init_kernel");
-  if (!keep_all) {
-    // Enough blocks to fill the device; each folds its shared histogram into the global one.
-    const unsigned grid = std::min(grid_for(m, std::int64_t{block_threads} * 16), 2048u);
-    for (int shift = 8 * static_cast<int>(sizeof(Key)) - 8; shift >= 0; shift -= 8) {
-      select_histogram_kernel<Key>
-          <<<grid, block_threads, 0, stream>>>(key_of, candidates, state, shift, scratch.histogram);
-      check_launch("dropit select_histogram_kernel");
-      select_pick_kernel<Key><<<1, block_threads, 0, stream>>>(state, scratch.histogram, shift);
-      check_launch("dropit select_pick_kernel");
-    }
+  const auto m32 = static_cast<std::uint32_t>(m);
+  const auto k32 = static_cast<std::uint32_t>(std::min(k, m));
+  if (m <= range_in_block_limit) {
+    select_range_in_block_kernel<Key, KeyBits>
+        <<<1, block_threads, 0, stream>>>(key_of, m32, k32, visit);
+    check_launch("dropit select_range_in_block_kernel");
+    return;
   }
-  const std::int64_t spans = (m + span_size - 1) / span_size;
-  select_count_kernel<Key><<<grid_for(spans, 1), block_threads, 0, stream>>>(
-      key_of, candidates, state, scratch.span_counts);
-  check_launch("dropit select_count_kernel");
-  exclusive_scan_kernel<>
-      <<<1, block_threads, 0, stream>>>(scratch.span_counts, scratch.span_offsets, spans);
-  check_launch("dropit exclusive_scan_kernel");
-  select_emit_kernel<Key><<<grid_for(spans, 1), block_threads, 0, stream>>>(
-      key_of, candidates, state, scratch.span_offsets, visit);
-  check_launch("dropit select_emit_kernel");
+  check(cudaMemsetAsync(scratch.zeroed, 0, scratch.zeroed_words * sizeof(std::uint32_t), stream),
+        "dropit select: clearing the counters");
+  const range_state<Key>* state = nullptr;  // the passes' cut, or `given`
+  cut<Key> given{};
+  if (k >= m) {
+    given = {Key{0}, static_cast<std::uint64_t>(m)};  // every key is >= 0: keep all
+  } else if (k == 0) {
+    given = {static_cast<Key>(~Key{0}), 0};  // none above the largest key, no tie kept
+  } else {
+    const range_select_scratch<Key> passes{static_cast<range_state<Key>*>(scratch.state),
+                                           scratch.zeroed, scratch.zeroed + range_bins,
+                                           static_cast<Key*>(scratch.candidates), scratch.capacity};
+    // Each block takes at least 16 of its 1024-key iterations: its histogram's clearing and
+    // folding (4096 bins) stay small next to its counting.
+    const unsigned grid = std::min(grid_for(m, std::int64_t{range_block_items} * 16), 1024u);
+    for (int pass = 0; pass < range_digits<Key, KeyBits>::passes; ++pass) {
+      select_range_pass_kernel<Key, KeyBits>
+          <<<grid, block_threads, 0, stream>>>(key_of, m32, k32, pass, passes);
+      check_launch("dropit select_range_pass_kernel");
+    }
+    state = passes.state;
+  }
+  select_range_emit_kernel<Key>
+      <<<grid_for((m + span_size - 1) / span_size, 1), block_threads, 0, stream>>>(
+          key_of, static_cast<std::uint64_t>(m), state, given, scratch.spans, visit);
+  check_launch("dropit select_range_emit_kernel");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -117,12 +143,14 @@ compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layo
       s.runs = (layout.outer * layout.inner + channel_score_block - 1) / channel_score_block;
       s.run_sums = carver.add<double>(static_cast<std::size_t>(layout.channels * s.runs));
       s.channel_keys = carver.add<std::uint64_t>(static_cast<std::size_t>(layout.channels));
+      s.select = add_global_select<std::uint64_t, 64>(carver, layout.channels);
+    } else {  // channels drawn
+      s.select = add_global_select<std::uint32_t, 32>(carver, layout.channels);
     }
-    s.select = add_global_select(carver, layout.channels);
     if (layout.encoding == position_encoding::seeded)
       s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
   } else if (whole_tensor_selection(layout)) {
-    s.select = add_global_select(carver, layout.numel());
+    s.select = add_global_select<std::uint32_t, magnitude_key_bits<T>>(carver, layout.numel());
   }
   return s;
 }
@@ -203,17 +231,16 @@ void compress_elements(cudaStream_t stream, const T* input, const cache_view<T>&
                                 offset_writer<T, std::uint16_t>{input, out.values, offsets16});
     } else {  // one chunk, the whole tensor, over many blocks
       const selection_keys<S, T> keys{input, layout.seed, 0};
+      const auto select = [&](const auto& writer) {
+        select_global<std::uint32_t, magnitude_key_bits<T>>(
+            stream, keys, layout.numel(), layout.kept_per_chunk, scratch.select, writer);
+      };
       if (layout.encoding == position_encoding::bitmask)
-        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                     scratch.select, bitmask_writer<T>{input, out.values, words});
+        select(bitmask_writer<T>{input, out.values, words});
       else if (layout.offset_bytes == 2)
-        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                     scratch.select,
-                                     offset_writer<T, std::uint16_t>{input, out.values, offsets16});
+        select(offset_writer<T, std::uint16_t>{input, out.values, offsets16});
       else
-        select_global<std::uint32_t>(stream, keys, layout.numel(), layout.kept_per_chunk,
-                                     scratch.select,
-                                     offset_writer<T, std::uint32_t>{input, out.values, offsets32});
+        select(offset_writer<T, std::uint32_t>{input, out.values, offsets32});
     }
   });
 }
@@ -225,7 +252,7 @@ void select_drawn_channels(cudaStream_t stream, const cache_layout& layout,
                            const global_select_scratch& select, std::uint32_t* list) {
   visit_selection(layout.selection, [&]<class S>(std::type_identity<S>) {
     if constexpr (!selection_traits<S>::ranks_values)
-      select_global<std::uint32_t>(
+      select_global<std::uint32_t, 32>(
           stream, selection_keys<S, T>{nullptr, layout.seed, channel_stream}, layout.channels,
           layout.kept_channels, select, index_writer{list});
   });
@@ -249,9 +276,9 @@ void select_channels(cudaStream_t stream, const cache_layout& layout, const T* i
   channel_keys_kernel<><<<grid_for(layout.channels), block_threads, 0, stream>>>(
       scratch.run_sums, scratch.runs, layout.channels, scratch.channel_keys);
   check_launch("dropit channel_keys_kernel");
-  select_global<std::uint64_t>(stream, stored_keys<std::uint64_t>{scratch.channel_keys},
-                               layout.channels, layout.kept_channels, scratch.select,
-                               index_writer{list});
+  select_global<std::uint64_t, 64>(stream, stored_keys<std::uint64_t>{scratch.channel_keys},
+                                   layout.channels, layout.kept_channels, scratch.select,
+                                   index_writer{list});
 }
 
 template <storage_type T>
@@ -307,8 +334,8 @@ void compress(cudaStream_t stream, const T* input,
 // densify (into the element type, or into float for the weight gradients)
 
 struct densify_scratch {
-  std::uint64_t* mask_counts = nullptr;  // bitmask: set bits per block of mask words
-  std::uint64_t* mask_offsets = nullptr;
+  std::uint32_t* mask_zeroed = nullptr;   // bitmask caches with long chunks: the look-back's words
+  lookback_tiles mask_tiles;              // ... over tiles of mask_words_per_block words
   global_select_scratch select;           // seeded channel caches: regenerate the draw
   std::uint32_t* channel_list = nullptr;  // ... into this list
   std::int32_t* slot_of = nullptr;        // channel caches: channel -> index in the list, or -1
@@ -318,19 +345,23 @@ inline std::int64_t mask_word_count(const cache_layout& layout) {
   return static_cast<std::int64_t>(layout.position_bytes() / 4);
 }
 
+inline std::int64_t mask_tile_count(const cache_layout& layout) {
+  return (mask_word_count(layout) + mask_words_per_block - 1) / mask_words_per_block;
+}
+
 inline densify_scratch add_densify_scratch(workspace_carver& carver, const cache_layout& layout) {
   densify_scratch s;
   if (layout.channel_granularity) {
     if (layout.encoding == position_encoding::seeded) {
-      s.select = add_global_select(carver, layout.channels);
+      s.select = add_global_select<std::uint32_t, 32>(carver, layout.channels);
       s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
     }
     s.slot_of = carver.add<std::int32_t>(static_cast<std::size_t>(layout.channels));
-  } else if (layout.encoding == position_encoding::bitmask) {
-    const std::int64_t blocks =
-        (mask_word_count(layout) + mask_words_per_block - 1) / mask_words_per_block;
-    s.mask_counts = carver.add<std::uint64_t>(static_cast<std::size_t>(blocks));
-    s.mask_offsets = carver.add<std::uint64_t>(static_cast<std::size_t>(blocks));
+  } else if (layout.encoding == position_encoding::bitmask &&
+             layout.mask_words_per_chunk() > max_chunk_mask_words) {
+    const std::int64_t tiles = mask_tile_count(layout);
+    s.mask_zeroed = carver.add<std::uint32_t>(lookback_tiles::zeroed_words(tiles));
+    s.mask_tiles = add_lookback_tiles(carver, tiles, s.mask_zeroed);
   }
   return s;
 }
@@ -350,16 +381,12 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
         check_launch("dropit chunk_densify_kernel");
         return;
       }
-      const std::int64_t word_count = mask_word_count(layout);
-      const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
-      mask_count_kernel<><<<grid_for(blocks, 1), block_threads, 0, stream>>>(words, word_count,
-                                                                             scratch.mask_counts);
-      check_launch("dropit mask_count_kernel");
-      exclusive_scan_kernel<>
-          <<<1, block_threads, 0, stream>>>(scratch.mask_counts, scratch.mask_offsets, blocks);
-      check_launch("dropit exclusive_scan_kernel");
-      mask_densify_kernel<T, Out><<<grid_for(blocks, 1), block_threads, 0, stream>>>(
-          layout, words, word_count, scratch.mask_offsets, cache.values, out);
+      const std::int64_t tiles = mask_tile_count(layout);
+      check(cudaMemsetAsync(scratch.mask_zeroed, 0,
+                            lookback_tiles::zeroed_words(tiles) * sizeof(std::uint32_t), stream),
+            "densify: clearing the counters");
+      mask_densify_kernel<T, Out><<<grid_for(tiles, 1), block_threads, 0, stream>>>(
+          layout, words, mask_word_count(layout), scratch.mask_tiles, cache.values, out);
       check_launch("dropit mask_densify_kernel");
       return;
     }

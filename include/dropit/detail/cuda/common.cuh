@@ -45,6 +45,15 @@ inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block = bloc
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, max_blocks));
 }
 
+/// The sum of `value` over the 32 lanes of the warp, in every lane (called by all 32 together).
+template <class Value>
+__device__ inline Value warp_sum(Value value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Copies into shared memory.
 

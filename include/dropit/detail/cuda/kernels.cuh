@@ -11,18 +11,18 @@
 //   every key, then 8-bit passes over the keys of the bin holding the cut) then emit_selected
 //   (128 candidates per warp at a time, in four rounds of one ballot each), writing values and
 //   bitmask / offsets, or the dense chunk of a seeded cache.
-// - select_init / select_histogram / select_pick: a whole-tensor (or all-channel) selection by
-//   8-bit MSB radix passes; each pass builds a global 256-bin histogram (per-block shared
-//   histograms folded with one atomic per non-empty bin), then one block picks the digit holding
-//   the k-th key.
-// - select_count / exclusive_scan / select_emit: per span of `span_size` candidates, the count of
-//   keys above / equal to the cut; a one-block scan of those counts; then every span emits its kept
-//   candidates at their global slots (emit_selected seeded with the span's counts).
+// - select_range_pass / select_range_emit: a whole-tensor (or all-channel) selection. Each pass
+//   decides 12 bits of the cut: every block counts its keys' digit into a 4096-bin shared
+//   histogram and adds it to a global one, and the last block to finish picks the digit holding
+//   the cut; a pass whose starting bin fits a buffer copies its keys there for the later passes.
+//   The emit takes spans of `span_size` candidates in order, counts each span's keys above / equal
+//   to the cut, learns the counts before it by decoupled look-back (lookback.cuh), and emits its
+//   kept candidates at their global slots (emit_selected's two halves).
 // - chunk_densify: one block per chunk of a bitmask cache: the chunk's word popcounts scanned in
 //   shared memory, then four elements per thread and vector store.
-// - mask_count / mask_densify: popcounts per 256 mask words, scanned, then one warp per word writes
-//   its 32 dense elements (kept value or zero): chunks longer than chunk_densify takes (min-k
-//   over the whole tensor).
+// - mask_densify: a tile of 256 mask words per block, its popcounts scanned in the block and the
+//   set bits before it learnt by look-back, then one warp per word writes its 32 dense elements
+//   (kept value or zero): chunks longer than chunk_densify takes (min-k over the whole tensor).
 // - scatter_offsets: one thread per kept value of an offsets cache (after a memset to zero).
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
@@ -50,6 +50,7 @@
 #include "../common/keys.hpp"
 #include "../common/relu_mask.hpp"
 #include "common.cuh"
+#include "lookback.cuh"
 #include "select.cuh"
 
 namespace dropit::detail::cuda {
@@ -90,7 +91,7 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
   using traits = selection_traits<Selection>;
   using item = staged_item<T, Selection>;
   // Magnitudes of 16-bit types are keys with 16 zero low bits: one radix pass fewer.
-  constexpr int key_bits = traits::ranks_values ? 8 * static_cast<int>(sizeof(T)) : 32;
+  constexpr int key_bits = traits::ranks_values ? magnitude_key_bits<T> : 32;
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
   extern __shared__ uint4 staged_storage[];
@@ -129,128 +130,251 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
 // ---------------------------------------------------------------------------------------------
 // Whole-range selection over many blocks.
 
-/// Candidates per span of the counting and emitting passes (a multiple of 32 and of the tile).
+/// Candidates per span of the emit (a multiple of its 128-candidate groups): the tiles of its
+/// look-back scan.
 inline constexpr std::int64_t span_size = std::int64_t{1} << 14;
 
+/// The passes of a whole-range selection decide 12 bits at a time (the last pass the bits left):
+/// a 4096-bin histogram, 16 KiB of shared memory per block. Magnitudes of 16-bit types take two
+/// passes, of float three, 64-bit channel scores six.
+inline constexpr int range_digit_bits = 12;
+inline constexpr std::uint32_t range_bins = 1u << range_digit_bits;
+
+/// The passes over keys of type `Key` whose top `KeyBits` bits vary: pass p decides the bits
+/// [shift(p), shift(p) + bits(p)), from the top down.
+template <class Key, int KeyBits>
+struct range_digits {
+  static constexpr int width = 8 * static_cast<int>(sizeof(Key));
+  static constexpr int passes = (KeyBits + range_digit_bits - 1) / range_digit_bits;
+  __host__ __device__ static constexpr int shift(int pass) {
+    const int shift = width - (pass + 1) * range_digit_bits;
+    return shift > width - KeyBits ? shift : width - KeyBits;
+  }
+  __host__ __device__ static constexpr int bits(int pass) {
+    return (pass == 0 ? width : shift(pass - 1)) - shift(pass);
+  }
+  __host__ __device__ static constexpr std::uint32_t digit_mask(int pass) {
+    return (1u << bits(pass)) - 1u;
+  }
+};
+
+/// Ranges of at most this many candidates are selected by one block in one launch: every pass
+/// and the emit read the keys from global memory (L2) — channel scores and small tensors, whose
+/// passes take less time than the launches of the multi-block passes would.
+inline constexpr std::int64_t range_in_block_limit = std::int64_t{1} << 13;
+
+/// Keys a block gathers in shared memory before it copies them to the candidate buffer with one
+/// global atomic: at most one per block iteration of `range_block_items` keys and one at the end,
+/// where one per warp and 128 keys would queue hundreds of thousands on one address.
+inline constexpr std::uint32_t range_block_items = emit_group * block_warps;
+inline constexpr std::uint32_t range_staged_keys = 2 * range_block_items;
+
+/// Where the passes stand, written by each pass's last block and read by the next pass.
 template <class Key>
-struct select_state {
-  Key prefix;            // the cut key once every pass has run
-  Key mask;              // digits decided so far
-  std::uint64_t needed;  // keys still to take from those matching prefix; the ties at the end
+struct range_state {
+  cut_search<Key> search;
+  std::uint32_t collected;  // keys in the candidate buffer, when from_candidates
+  bool from_candidates;     // later passes read the candidate buffer, not the range
+};
+
+/// What the passes of a whole-range selection share, in the caller's workspace.
+template <class Key>
+struct range_select_scratch {
+  range_state<Key>* state;
+  std::uint32_t* histogram;  // range_bins, zero when a pass starts
+  std::uint32_t* counters;   // [0]: blocks done with the pass; [1]: keys collected (zero at first)
+  Key* candidates;           // `capacity` keys
+  std::uint32_t capacity;
 };
 
 template <class Key>
-DROPIT_KERNEL void select_init_kernel(select_state<Key>* state, unsigned long long* histogram,
-                                      std::uint64_t needed) {
-  if (threadIdx.x == 0) *state = {Key{0}, Key{0}, needed};
-  histogram[threadIdx.x] = 0;
-}
+struct range_collect_storage {
+  Key keys[range_staged_keys];
+  std::uint32_t fill, base;
+};
 
-template <class Key, class KeyOf>
-DROPIT_KERNEL void select_histogram_kernel(KeyOf key_of, std::uint64_t m,
-                                           const select_state<Key>* state, int shift,
-                                           unsigned long long* histogram) {
-  __shared__ std::uint32_t counts[radix_bins];
-  counts[threadIdx.x] = 0;
-  __syncthreads();
-  const Key prefix = state->prefix, mask = state->mask;
-  const std::uint64_t stride = std::uint64_t{gridDim.x} * block_threads;
-  // Warp by warp, so that all 32 lanes take part in every vote of count_in_warp.
-  for (std::uint64_t base = std::uint64_t{blockIdx.x} * block_threads + (threadIdx.x & ~31u);
-       base < m; base += stride) {
-    const std::uint64_t i = base + (threadIdx.x & 31u);
-    std::uint32_t bin = radix_bins;  // none: out of range, or outside the prefix
-    if (i < m) {
-      const Key key = key_of(i);
-      if ((key & mask) == prefix) bin = static_cast<std::uint32_t>((key >> shift) & 0xffu);
-    }
-    count_in_warp(counts, bin);
-  }
-  __syncthreads();
-  if (counts[threadIdx.x] != 0)
-    atomicAdd(&histogram[threadIdx.x], static_cast<unsigned long long>(counts[threadIdx.x]));
-}
-
-/// One block: fixes the digit at `shift` and clears the histogram for the next pass.
+/// Copies the keys a block has gathered to the candidate buffer. Called by every thread of the
+/// block after a barrier.
 template <class Key>
-DROPIT_KERNEL void select_pick_kernel(select_state<Key>* state, unsigned long long* histogram,
-                                      int shift) {
-  using scan_t = cub::BlockScan<unsigned long long, block_threads>;
-  __shared__ typename scan_t::TempStorage scan;
-  const unsigned bin = radix_bins - 1 - threadIdx.x;
-  const unsigned long long count = histogram[bin];
-  const std::uint64_t needed = state->needed;
-  unsigned long long at_or_above = 0;
-  scan_t(scan).InclusiveSum(count, at_or_above);
-  const unsigned long long above = at_or_above - count;
-  __syncthreads();                                // every thread has read state->needed
-  if (above < needed && needed <= at_or_above) {  // exactly one thread
-    state->prefix |= static_cast<Key>(bin) << shift;
-    state->mask |= static_cast<Key>(0xffu) << shift;
-    state->needed = needed - above;
-  }
-  histogram[bin] = 0;
+__device__ void flush_collected(range_collect_storage<Key>& c, const range_select_scratch<Key>& s) {
+  const std::uint32_t fill = c.fill;
+  if (fill == 0) return;  // uniform: no thread writes `fill` between the barrier and here
+  if (threadIdx.x == 0) c.base = atomicAdd(&s.counters[1], fill);
+  __syncthreads();
+  for (std::uint32_t i = threadIdx.x; i < fill; i += block_threads)
+    s.candidates[c.base + i] = c.keys[i];
+  __syncthreads();
+  if (threadIdx.x == 0) c.fill = 0;
+  __syncthreads();
 }
 
-/// Per span: (keys above the cut) << 32 | (keys equal to it). Totals fit: fewer than 2^32
-/// candidates.
-template <class Key, class KeyOf>
-DROPIT_KERNEL void select_count_kernel(KeyOf key_of, std::uint64_t m,
-                                       const select_state<Key>* state, std::uint64_t* counts) {
-  using reduce_t = cub::BlockReduce<std::uint64_t, block_threads>;
-  __shared__ typename reduce_t::TempStorage reduce;
-  const Key cut_key = state->prefix;
-  const std::uint64_t spans = (m + span_size - 1) / span_size;
-  for (std::uint64_t span = blockIdx.x; span < spans; span += gridDim.x) {
-    const std::uint64_t begin = span * span_size;
-    const std::uint64_t end = begin + span_size < m ? begin + span_size : m;
-    std::uint64_t local = 0;
-    for (std::uint64_t i = begin + threadIdx.x; i < end; i += block_threads) {
-      const Key key = key_of(i);
-      local += (std::uint64_t{key > cut_key} << 32) | std::uint64_t{key == cut_key};
+/// One pass's count over `length` keys: the digit at `shift` of each key matching the search's
+/// prefix into `histogram` (digit 0 uncounted, see pick_digit), and with `Collect` a copy of each
+/// matching key in the candidate buffer (through `c`, into `s`'s buffer). Each warp takes 128
+/// consecutive keys per block iteration, in four rounds of 32 coalesced loads issued before any is
+/// counted. Called by every thread of the block.
+template <bool Collect, class Key, class KeyOf>
+__device__ void count_range_digits(const KeyOf& key_of, std::uint64_t length,
+                                   const cut_search<Key>& search, int shift,
+                                   std::uint32_t digit_mask, std::uint32_t* histogram,
+                                   range_collect_storage<Key>* c,
+                                   const range_select_scratch<Key>* s) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const std::uint32_t lanes_below = lanes_below_mask();
+  for (std::uint64_t base = std::uint64_t{blockIdx.x} * range_block_items; base < length;
+       base += std::uint64_t{gridDim.x} * range_block_items) {  // uniform in the block
+    const std::uint64_t group = base + warp * emit_group;
+    Key keys[emit_rounds];
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j) {
+      const std::uint64_t i = group + 32 * j + lane;
+      keys[j] = key_of(i < length ? i : 0u);  // no branch: the loads overlap
     }
-    const std::uint64_t total = reduce_t(reduce).Sum(local);
-    if (threadIdx.x == 0) counts[span] = total;
+    std::uint32_t votes[emit_rounds], total = 0;
+#pragma unroll
+    for (int j = 0; j < emit_rounds; ++j) {
+      const bool match = group + 32 * j + lane < length && (keys[j] & search.mask) == search.prefix;
+      const auto digit = static_cast<std::uint32_t>(keys[j] >> shift) & digit_mask;
+      if (match && digit != 0) atomicAdd(&histogram[digit], 1u);
+      votes[j] = __ballot_sync(0xffffffffu, match);
+      total += __popc(votes[j]);
+    }
+    if constexpr (Collect) {
+      std::uint32_t slot = 0;
+      if (lane == 0 && total != 0) slot = atomicAdd(&c->fill, total);
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+      for (int j = 0; j < emit_rounds; ++j) {
+        if ((votes[j] >> lane) & 1u) c->keys[slot + __popc(votes[j] & lanes_below)] = keys[j];
+        slot += __popc(votes[j]);
+      }
+      __syncthreads();
+      const bool full = c->fill > range_staged_keys - range_block_items;
+      __syncthreads();  // every thread has read `fill` before the next iteration adds to it
+      if (full) flush_collected(*c, *s);
+    }
+  }
+  if constexpr (Collect) {
     __syncthreads();
+    flush_collected(*c, *s);
   }
 }
 
-/// One block: out[i] = in[0] + ... + in[i - 1].
-template <class = void>
-DROPIT_KERNEL void exclusive_scan_kernel(const std::uint64_t* in, std::uint64_t* out,
-                                         std::int64_t count) {
-  constexpr int items = 4;
-  using scan_t = cub::BlockScan<std::uint64_t, block_threads>;
-  __shared__ typename scan_t::TempStorage scan;
-  std::uint64_t carry = 0;
-  for (std::int64_t base = 0; base < count; base += block_threads * items) {
-    std::uint64_t values[items];
-    for (int j = 0; j < items; ++j) {
-      const std::int64_t index = base + threadIdx.x * items + j;
-      values[j] = index < count ? in[index] : 0;
-    }
-    std::uint64_t total = 0;
-    scan_t(scan).ExclusiveSum(values, values, total);
-    for (int j = 0; j < items; ++j) {
-      const std::int64_t index = base + threadIdx.x * items + j;
-      if (index < count) out[index] = carry + values[j];
-    }
-    carry += total;
-    __syncthreads();
+/// Pass `pass` of the whole-range selection over the keys `key_of(0 .. m-1)` (range_digits):
+/// decides its digit among the keys matching the digits decided before. The first pass starts the
+/// search for the `k` largest, 0 < k < m < 2^32. Every block adds its shared histogram to the
+/// global one; the last block to finish picks the digit holding the cut, updates the state and
+/// clears the histogram and its counter for the next pass.
+///
+/// A pass reads every key — or, once a pass has collected them, only the keys of the bin holding
+/// the cut: a pass other than the last collects the keys matching the prefix it starts from when
+/// they fit the candidate buffer (a sixteenth of a long range: a bin of a float magnitude's first
+/// 12 bits is an eighth of an octave, a few percent of a tensor around the cut).
+template <class Key, int KeyBits, class KeyOf>
+DROPIT_KERNEL void select_range_pass_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
+                                            int pass, range_select_scratch<Key> s) {
+  using digits = range_digits<Key, KeyBits>;
+  __shared__ std::uint32_t histogram[range_bins];
+  __shared__ range_collect_storage<Key> collect_storage;
+  __shared__ digit_pick_storage pick;
+  __shared__ bool last_block;
+  const range_state<Key> state =
+      pass == 0 ? range_state<Key>{{Key{0}, Key{0}, m, k}, 0u, false} : *s.state;
+  cut_search<Key> search = state.search;
+  const int shift = digits::shift(pass);
+  const std::uint32_t digit_mask = digits::digit_mask(pass);
+  const bool collect =
+      !state.from_candidates && pass + 1 < digits::passes && search.matching <= s.capacity;
+  for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) histogram[b] = 0;
+  if (threadIdx.x == 0) collect_storage.fill = 0;
+  __syncthreads();
+  if (state.from_candidates)
+    count_range_digits<false>(stored_keys<Key>{s.candidates}, state.collected, search, shift,
+                              digit_mask, histogram, &collect_storage, &s);
+  else if (collect)
+    count_range_digits<true>(key_of, m, search, shift, digit_mask, histogram, &collect_storage, &s);
+  else
+    count_range_digits<false>(key_of, m, search, shift, digit_mask, histogram, &collect_storage,
+                              &s);
+  __syncthreads();
+  for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads)
+    if (histogram[b] != 0) atomicAdd(&s.histogram[b], histogram[b]);
+  __threadfence();  // this block's counts reach the device before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last_block = device_atomic_word(s.counters[0]).fetch_add(1u, ::cuda::memory_order_acq_rel) ==
+                 gridDim.x - 1;
+  __syncthreads();
+  if (!last_block) return;
+  __threadfence();  // every other block's counts are seen
+  pick_digit<range_bins>([&](std::uint32_t bin) { return __ldcg(&s.histogram[bin]); }, shift,
+                         digit_mask, search, pick);
+  for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) s.histogram[b] = 0;
+  if (threadIdx.x == 0) {
+    *s.state = {search, collect ? state.search.matching : state.collected,
+                state.from_candidates || collect};
+    s.counters[0] = 0;
   }
 }
 
-template <class Key, class KeyOf, class Writer>
-DROPIT_KERNEL void select_emit_kernel(KeyOf key_of, std::uint64_t m, const select_state<Key>* state,
-                                      const std::uint64_t* span_offsets, Writer visit) {
+/// A whole-range selection of at most range_in_block_limit candidates in one block: the passes
+/// of select_range_pass_kernel, each over every key and picked in the block, then emit_selected
+/// over the whole range; the cut is {0, m} (keep all) where k >= m.
+template <class Key, int KeyBits, class KeyOf, class Writer>
+DROPIT_KERNEL void select_range_in_block_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
+                                                Writer visit) {
+  using digits = range_digits<Key, KeyBits>;
+  __shared__ std::uint32_t histogram[range_bins];
+  __shared__ digit_pick_storage pick;
   __shared__ emit_storage emit;
-  const cut<Key> c{state->prefix, state->needed};
-  const std::uint64_t spans = (m + span_size - 1) / span_size;
-  for (std::uint64_t span = blockIdx.x; span < spans; span += gridDim.x) {
+  cut_search<Key> search{Key{0}, Key{0}, m, k};
+  cut<Key> c{Key{0}, m};                           // every key is >= 0: keep all
+  if (k == 0) c = {static_cast<Key>(~Key{0}), 0};  // none above the largest key, no tie kept
+  if (0 < k && k < m) {
+    for (int pass = 0; pass < digits::passes; ++pass) {
+      for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) histogram[b] = 0;
+      __syncthreads();
+      count_range_digits<false>(key_of, m, search, digits::shift(pass), digits::digit_mask(pass),
+                                histogram, static_cast<range_collect_storage<Key>*>(nullptr),
+                                static_cast<const range_select_scratch<Key>*>(nullptr));
+      __syncthreads();
+      // pick_digit ends with a barrier: the histogram is cleared after every thread read it.
+      pick_digit<range_bins>([&](std::uint32_t bin) { return histogram[bin]; }, digits::shift(pass),
+                             digits::digit_mask(pass), search, pick);
+    }
+    c = {search.prefix, search.needed};
+  }
+  emit_selected(key_of, c, 0, m, 0, 0, emit, visit);
+}
+
+/// Emits the cut of a whole-range selection — the passes' (`state`), or `given` where `state` is
+/// null — span by span: each span counts its keys above and equal to the cut, learns the counts
+/// of the spans before it by look-back, and emits (emit_selected's two halves). Reads every key
+/// twice, the second time from L2 (a span is 64 KiB of float).
+template <class Key, class KeyOf, class Writer>
+DROPIT_KERNEL void select_range_emit_kernel(KeyOf key_of, std::uint64_t m,
+                                            const range_state<Key>* state, cut<Key> given,
+                                            lookback_tiles spans, Writer visit) {
+  __shared__ emit_storage emit;
+  __shared__ std::uint32_t ticket;
+  __shared__ std::uint64_t before;  // (above << 32) | equal: totals fit, m < 2^32
+  const cut<Key> c =
+      state != nullptr ? cut<Key>{state->search.prefix, state->search.needed} : given;
+  const std::uint64_t span_count = (m + span_size - 1) / span_size;
+  for (std::uint32_t span = next_tile(spans, ticket); span < span_count;
+       span = next_tile(spans, ticket)) {
     const std::uint64_t begin = span * span_size;
     const std::uint64_t end = begin + span_size < m ? begin + span_size : m;
-    const std::uint64_t before = span_offsets[span];
-    emit_selected(key_of, c, begin, end, before >> 32, before & 0xffffffffu, emit, visit);
+    count_segments(key_of, c, begin, end, emit);
+    if (threadIdx.x < 32) {
+      std::uint64_t total = 0;
+      for (int w = 0; w < block_warps; ++w)
+        total += (std::uint64_t{emit.above[w]} << 32) | emit.equal[w];
+      const std::uint64_t prefix = exclusive_prefix(spans, span, total);
+      if (threadIdx.x == 0) before = prefix;
+    }
+    __syncthreads();
+    emit_counted(key_of, c, begin, end, before >> 32, before & 0xffffffffu, emit, visit);
   }
 }
 
@@ -259,51 +383,44 @@ DROPIT_KERNEL void select_emit_kernel(KeyOf key_of, std::uint64_t m, const selec
 
 inline constexpr std::int64_t mask_words_per_block = block_threads;
 
-/// Set bits per block of `mask_words_per_block` words.
-template <class = void>
-DROPIT_KERNEL void mask_count_kernel(const std::uint32_t* words, std::int64_t word_count,
-                                     std::uint64_t* counts) {
-  using reduce_t = cub::BlockReduce<std::uint64_t, block_threads>;
-  __shared__ typename reduce_t::TempStorage reduce;
-  const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
-  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const std::int64_t w = b * mask_words_per_block + threadIdx.x;
-    const std::uint64_t bits = w < word_count ? __popc(words[w]) : 0;
-    const std::uint64_t total = reduce_t(reduce).Sum(bits);
-    if (threadIdx.x == 0) counts[b] = total;
-    __syncthreads();
-  }
-}
-
-/// Writes every element a bitmask cache covers. Word w of the mask buffer is word w %
-/// words_per_chunk of chunk w / words_per_chunk, and the chunks' values follow each other, so the
-/// scan of set bits over the whole buffer (`block_offsets`, per block of words) is each kept
-/// value's index.
+/// Writes every element a bitmask cache covers, for caches whose chunks are longer than
+/// chunk_densify_kernel takes (min-k over the whole tensor), in one launch. Word w of the mask
+/// buffer is word w % words_per_chunk of chunk w / words_per_chunk, and the chunks' values follow
+/// each other, so the scan of set bits over the whole buffer is each kept value's index: each
+/// tile of `mask_words_per_block` words scans its popcounts in the block and learns the set bits
+/// before it by look-back; then one warp per word writes its 32 dense elements.
 template <class T, class Out>
 DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t* words,
-                                       std::int64_t word_count, const std::uint64_t* block_offsets,
+                                       std::int64_t word_count, lookback_tiles tiles,
                                        const T* values, Out* out) {
   using scan_t = cub::BlockScan<std::uint32_t, block_threads>;
   __shared__ typename scan_t::TempStorage scan;
   __shared__ std::uint32_t word_bits[mask_words_per_block];
   __shared__ std::uint32_t word_first[mask_words_per_block];  // set bits before the word
+  __shared__ std::uint32_t ticket;
+  __shared__ std::uint64_t tile_first;  // set bits before the tile
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
-  const std::int64_t blocks = (word_count + mask_words_per_block - 1) / mask_words_per_block;
+  const std::int64_t tile_count = (word_count + mask_words_per_block - 1) / mask_words_per_block;
   // What the per-element loop needs of the layout, read once: its accessors recompute numel()
   // and divide on every call.
   const std::int64_t words_per_chunk = layout.mask_words_per_chunk();
   const std::int64_t full_chunks = layout.full_chunk_count(), tail = layout.tail_size();
   const float full_scale = layout.value_scale(0), tail_scale = layout.value_scale(full_chunks);
-  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+  for (std::int64_t b = next_tile(tiles, ticket); b < tile_count; b = next_tile(tiles, ticket)) {
     const std::int64_t first_word = b * mask_words_per_block;
     const std::int64_t w = first_word + threadIdx.x;
     const std::uint32_t bits = w < word_count ? words[w] : 0u;
-    std::uint32_t before = 0;
-    scan_t(scan).ExclusiveSum(static_cast<std::uint32_t>(__popc(bits)), before);
+    std::uint32_t before = 0, set_in_tile = 0;
+    scan_t(scan).ExclusiveSum(static_cast<std::uint32_t>(__popc(bits)), before, set_in_tile);
     word_bits[threadIdx.x] = bits;
     word_first[threadIdx.x] = before;
+    if (threadIdx.x < 32) {
+      const std::uint64_t prefix =
+          exclusive_prefix(tiles, static_cast<std::uint32_t>(b), set_in_tile);
+      if (threadIdx.x == 0) tile_first = prefix;
+    }
     __syncthreads();
-    const std::uint64_t block_first = block_offsets[b];
+    const std::uint64_t block_first = tile_first;
     for (std::int64_t j = warp; j < mask_words_per_block; j += block_threads / 32) {
       const std::int64_t word = first_word + j;
       if (word >= word_count) break;  // uniform across the warp
@@ -320,7 +437,7 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
       }
       out[chunk * layout.chunk_size + position] = result;
     }
-    __syncthreads();  // before word_bits, word_first and the scan storage are reused
+    // next_tile's barrier comes before word_bits, word_first and the scan storage are reused.
   }
 }
 

@@ -90,17 +90,6 @@ struct staged_keys {
 // Selection inside one block (32-bit keys, under 2^32 - 2048 candidates: the passes step 32-bit
 // indices by up to 2048; chunks hold at most 2^16).
 
-/// Adds to `histogram[bin]` one for every lane of the warp holding `bin` (lanes holding
-/// `radix_bins` count nowhere), with one shared-memory atomic per distinct bin: magnitudes of one
-/// tensor share a few exponents, so the lanes of a warp mostly fall into two or three bins, which
-/// one atomic per lane would serialise. Called by all 32 lanes of the warp together. (The
-/// whole-tensor selection's 8-bit passes; a chunk's passes use radix_pass.)
-__device__ inline void count_in_warp(std::uint32_t* histogram, std::uint32_t bin) {
-  const std::uint32_t peers = __match_any_sync(0xffffffffu, bin);
-  if (bin < radix_bins && (threadIdx.x & 31u) == static_cast<std::uint32_t>(__ffs(peers) - 1))
-    atomicAdd(&histogram[bin], static_cast<std::uint32_t>(__popc(peers)));
-}
-
 /// Key sources in shared memory offer `four`: the keys i .. i+3 from one vector load, for `i` a
 /// multiple of 4.
 template <class KeyOf>
@@ -145,58 +134,39 @@ inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
 inline constexpr int candidate_digit_bits = 8;
 static_assert(chunk_bins % block_threads == 0 && radix_bins == 1 << candidate_digit_bits);
 
+/// What pick_digit shares across the block.
+struct digit_pick_storage {
+  typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
+  std::uint32_t digit, needed, matching;
+};
+
 struct block_select_storage {
   union alignas(16) {
     std::uint32_t histogram[chunk_bins];   // passes over every key
     std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin, once it is chosen
   };
   std::uint32_t candidate_histogram[radix_bins];  // passes over the candidates
-  typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
-  std::uint32_t digit, needed, matching, candidate_count;
+  digit_pick_storage pick;
+  std::uint32_t candidate_count;
 };
 
 /// A cut being searched: the digits decided so far (`prefix` under `mask`), how many keys match
-/// them, and how many of those are still to keep (in [1, matching]).
+/// them, and how many of those are still to keep (in [1, matching]). Fewer than 2^32 candidates.
+template <class Key>
 struct cut_search {
-  std::uint32_t prefix = 0, mask = 0, matching = 0, needed = 0;
+  Key prefix = 0, mask = 0;
+  std::uint32_t matching = 0, needed = 0;
 };
 
-/// Keys each lane loads at once in a counting pass: two vector loads from shared memory, or four
-/// keys from global memory (each holding a 64-bit address: eight would spill on sm_80).
-template <class KeyOf>
-inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
-
-/// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
-/// search's prefix into `histogram` (`Bins` bins), then narrows the search to the bin holding the
-/// cut. Digit 0 — zeros, which ReLU outputs and padding are full of — is not counted (a warp of
-/// them would serialise 32 atomics on one address): its count is what the other bins leave of
-/// `matching`. Called by every thread of the block.
-template <int Bins, class KeyOf>
-__device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
-                           std::uint32_t digit_mask, cut_search& search, std::uint32_t* histogram,
-                           block_select_storage& s) {
+/// Narrows `search` to the bin of the next digit — `Bins` bins, at `shift` under `digit_mask` —
+/// that holds the cut, from `count_of(bin)`: the matching keys in each bin but bin 0, which radix
+/// passes leave uncounted (a warp of zeros, which ReLU outputs and padding are full of, would
+/// serialise 32 atomics on one address) — its count is what the other bins leave of `matching`.
+/// Called by every thread of the block; ends with a barrier.
+template <int Bins, class Key, class CountOf>
+__device__ void pick_digit(const CountOf& count_of, int shift, std::uint32_t digit_mask,
+                           cut_search<Key>& search, digit_pick_storage& s) {
   static_assert(Bins % block_threads == 0, "every thread scans the same number of bins");
-  for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
-  __syncthreads();
-  // Every key of a batch is loaded before the first is counted: the loads overlap instead of
-  // each waiting behind an atomic.
-  constexpr int batch = count_batch<KeyOf>;
-  for (std::uint32_t base = batch * threadIdx.x; base < length; base += batch * block_threads) {
-    std::uint32_t keys[batch / 4][4];
-#pragma unroll
-    for (int v = 0; v < batch / 4; ++v) load_four_keys(key_of, base + 4 * v, length, keys[v]);
-#pragma unroll
-    for (int v = 0; v < batch / 4; ++v) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const std::uint32_t key = keys[v][j];
-        const std::uint32_t digit = (key >> shift) & digit_mask;
-        if (base + 4 * v + j < length && (key & search.mask) == search.prefix && digit != 0)
-          atomicAdd(&histogram[digit], 1u);
-      }
-    }
-  }
-  __syncthreads();
   // Thread t holds the bins from Bins - 1 - t * per_thread down, so the inclusive sum of its
   // group's counts is the number of matching keys in its lowest bin or above.
   constexpr int per_thread = Bins / block_threads;
@@ -204,7 +174,7 @@ __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
   std::uint32_t counts[per_thread];
   std::uint32_t group = 0;
 #pragma unroll
-  for (int j = 0; j < per_thread; ++j) group += counts[j] = histogram[top - j];
+  for (int j = 0; j < per_thread; ++j) group += counts[j] = count_of(top - j);
   std::uint32_t at_or_above = 0;
   cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
   std::uint32_t above = at_or_above - group;
@@ -227,19 +197,57 @@ __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
     s.matching = search.matching - at_or_above;
   }
   __syncthreads();
-  search.prefix |= s.digit << shift;
-  search.mask |= digit_mask << shift;
+  search.prefix |= static_cast<Key>(s.digit) << shift;
+  search.mask |= static_cast<Key>(digit_mask) << shift;
   search.needed = s.needed;
   search.matching = s.matching;
-  // The next write of digit/needed/matching, of the scan storage or of the histogram comes after
-  // at least one more barrier.
+  // The next write of digit/needed/matching or of the scan storage comes after at least one more
+  // barrier.
+}
+
+/// Keys each lane loads at once in a counting pass: two vector loads from shared memory, or four
+/// keys from global memory (each holding a 64-bit address: eight would spill on sm_80).
+template <class KeyOf>
+inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
+
+/// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
+/// search's prefix into `histogram` (`Bins` bins; digit 0 uncounted), then narrows the search to
+/// the bin holding the cut (pick_digit). Called by every thread of the block.
+template <int Bins, class KeyOf>
+__device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
+                           std::uint32_t digit_mask, cut_search<std::uint32_t>& search,
+                           std::uint32_t* histogram, block_select_storage& s) {
+  for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
+  __syncthreads();
+  // Every key of a batch is loaded before the first is counted: the loads overlap instead of
+  // each waiting behind an atomic.
+  constexpr int batch = count_batch<KeyOf>;
+  for (std::uint32_t base = batch * threadIdx.x; base < length; base += batch * block_threads) {
+    std::uint32_t keys[batch / 4][4];
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v) load_four_keys(key_of, base + 4 * v, length, keys[v]);
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const std::uint32_t key = keys[v][j];
+        const std::uint32_t digit = (key >> shift) & digit_mask;
+        if (base + 4 * v + j < length && (key & search.mask) == search.prefix && digit != 0)
+          atomicAdd(&histogram[digit], 1u);
+      }
+    }
+  }
+  __syncthreads();
+  pick_digit<Bins>([&](std::uint32_t bin) { return histogram[bin]; }, shift, digit_mask, search,
+                   s.pick);
+  // The histogram is next written after at least one more barrier.
 }
 
 /// Radix passes of `DigitBits` bits over the bits of the keys below `low` (the higher ones
 /// decided), down to the lowest bit a key of `KeyBits` bits sets.
 template <int KeyBits, int DigitBits, class KeyOf>
 __device__ void finish_search(const KeyOf& key_of, std::uint32_t length, int low,
-                              cut_search& search, std::uint32_t* histogram,
+                              cut_search<std::uint32_t>& search, std::uint32_t* histogram,
                               block_select_storage& s) {
   for (; low > 32 - KeyBits;) {
     const int shift = low > DigitBits ? low - DigitBits : 0;
@@ -261,7 +269,8 @@ __device__ inline std::uint32_t lanes_below_mask() { return (1u << (threadIdx.x 
 /// Called by every thread of the block; there must be room for every matching key.
 template <class KeyOf>
 __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
-                                   const cut_search& search, block_select_storage& s) {
+                                   const cut_search<std::uint32_t>& search,
+                                   block_select_storage& s) {
   const unsigned lane = threadIdx.x & 31u;
   const std::uint32_t lanes_below = lanes_below_mask();
   // Warp by warp, so that all 32 lanes take part in every vote.
@@ -296,7 +305,7 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
                                            std::uint32_t k, block_select_storage& s) {
   if (k >= length) return {0u, length};  // every key is >= 0: keep all
   if (k == 0) return {0xffffffffu, 0};   // no key is above the largest
-  cut_search search{0, 0, length, k};
+  cut_search<std::uint32_t> search{0, 0, length, k};
   if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
   constexpr int low = 32 - chunk_digit_bits;
   radix_pass<chunk_bins>(key_of, length, low, chunk_bins - 1, search, s.histogram, s);
@@ -322,13 +331,6 @@ struct emit_storage {
   std::uint32_t equal[block_warps];  // keys equal to it
 };
 
-__device__ inline std::uint32_t warp_sum(std::uint32_t value) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2)
-    value += __shfl_xor_sync(0xffffffffu, value, offset);
-  return value;
-}
-
 /// One group of candidates as emit_selected hands it to a visitor (called by all 32 lanes of the
 /// warp together). Round j of the group is the 32 candidates first + 32 j .. first + 32 j + 31;
 /// this lane holds candidate first + `offset(j)` of each round.
@@ -353,36 +355,39 @@ struct emitted_group {
   }
 };
 
-/// Calls `visit(group)` (an emitted_group) for the candidates [begin, end), 128 at a time and in
-/// order; `above_before` / `equal_before` count the keys above / equal to the cut before `begin`.
-/// Every warp takes one segment of whole 128-candidate groups: it counts its keys above and equal
-/// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
-/// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
-/// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
-/// a multiple of 32 for bitmask writers; a warp's segment under 2^32 - 128 candidates (its 32-bit
-/// group offsets would wrap; chunks hold at most 2^16, spans 2^14).
-template <class Key, class KeyOf, class Visit>
-__device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
-                              std::uint64_t end, std::uint64_t above_before,
-                              std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
-  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
-  const std::uint64_t length = end - begin;
-  const std::uint64_t segment =
-      (length + emit_group * block_warps - 1) / (emit_group * block_warps) * emit_group;
-  const std::uint64_t first = begin + (warp * segment < length ? warp * segment : length);
-  const std::uint64_t last =
-      begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
-  // Offsets within the segment are 32-bit.
-  const auto count = static_cast<std::uint32_t>(last - first);
-  const std::uint32_t lanes_below = lanes_below_mask();
+/// The calling warp's segment of the candidates [begin, end): whole 128-candidate groups, the
+/// same number for every warp of the block (the last ones may be shorter or empty). Offsets within
+/// a segment are 32-bit: under 2^32 - 128 candidates (chunks hold at most 2^16, spans 2^14).
+struct warp_segment {
+  std::uint64_t first;
+  std::uint32_t count;
 
+  __device__ warp_segment(std::uint64_t begin, std::uint64_t end) {
+    const unsigned warp = threadIdx.x / 32;
+    const std::uint64_t length = end - begin;
+    const std::uint64_t segment =
+        (length + emit_group * block_warps - 1) / (emit_group * block_warps) * emit_group;
+    first = begin + (warp * segment < length ? warp * segment : length);
+    const std::uint64_t last =
+        begin + ((warp + 1) * segment < length ? (warp + 1) * segment : length);
+    count = static_cast<std::uint32_t>(last - first);
+  }
+};
+
+/// The first half of emit_selected: counts the keys above and equal to the cut in each warp's
+/// segment of [begin, end) into `s`. Called by every thread of the block; ends with a barrier.
+template <class Key, class KeyOf>
+__device__ void count_segments(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
+                               std::uint64_t end, emit_storage& s) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const warp_segment seg(begin, end);
   std::uint32_t above = 0, equal = 0;
-  for (std::uint32_t group = 0; group < count; group += emit_group) {
+  for (std::uint32_t group = 0; group < seg.count; group += emit_group) {
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j) {
       const std::uint32_t offset = group + 32 * j + lane;
-      const bool exists = offset < count;
-      const Key key = key_of(first + (exists ? offset : 0u));  // no branch: the loads overlap
+      const bool exists = offset < seg.count;
+      const Key key = key_of(seg.first + (exists ? offset : 0u));  // no branch: the loads overlap
       above += exists && key > c.key ? 1u : 0u;
       equal += exists && key == c.key ? 1u : 0u;
     }
@@ -394,6 +399,20 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
     s.equal[warp] = equal;
   }
   __syncthreads();
+}
+
+/// The second half of emit_selected, after count_segments over the same range: calls
+/// `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys above /
+/// equal to the cut before `begin`. Called by every thread of the block; ends with a barrier.
+template <class Key, class KeyOf, class Visit>
+__device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
+                             std::uint64_t end, std::uint64_t above_before,
+                             std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const warp_segment seg(begin, end);
+  const std::uint64_t first = seg.first;
+  const std::uint32_t count = seg.count;
+  const std::uint32_t lanes_below = lanes_below_mask();
   for (unsigned w = 0; w < warp; ++w) {
     above_before += s.above[w];
     equal_before += s.equal[w];
@@ -437,6 +456,21 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t beg
     equal_before += equal_total;
   }
   __syncthreads();  // before the counts are written again
+}
+
+/// Calls `visit(group)` (an emitted_group) for the candidates [begin, end), 128 at a time and in
+/// order; `above_before` / `equal_before` count the keys above / equal to the cut before `begin`.
+/// Every warp takes one segment of whole 128-candidate groups: it counts its keys above and equal
+/// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
+/// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
+/// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
+/// a multiple of 32 for bitmask writers.
+template <class Key, class KeyOf, class Visit>
+__device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
+                              std::uint64_t end, std::uint64_t above_before,
+                              std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
+  count_segments(key_of, c, begin, end, s);
+  emit_counted(key_of, c, begin, end, above_before, equal_before, s, visit);
 }
 
 // ---------------------------------------------------------------------------------------------
