@@ -171,7 +171,8 @@ TEST_CASE_TEMPLATE("cuda: min-k over a whole tensor of many spans", T, float, dr
       CAPTURE(gamma);
       check_parity(inputs[input], {n}, policy<min_k_selection>{{gamma}}, gpu);
     }
-  // Either side of the largest range one block selects (2^13): tensors and channels.
+  // Either side of the largest range one block selects and of the most channels whose map the
+  // densify builds in each block (both 2^13): tensors and channels.
   for (const std::int64_t m : {8191, 8192, 8193})
     for (const double gamma : {0.5, 0.9}) {
       CAPTURE(m);

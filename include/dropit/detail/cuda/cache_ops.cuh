@@ -338,7 +338,8 @@ struct densify_scratch {
   lookback_tiles mask_tiles;              // ... over tiles of mask_words_per_block words
   global_select_scratch select;           // seeded channel caches: regenerate the draw
   std::uint32_t* channel_list = nullptr;  // ... into this list
-  std::int32_t* slot_of = nullptr;        // channel caches: channel -> index in the list, or -1
+  std::int32_t* slot_of = nullptr;        // channel caches beyond channel_map_in_block_limit:
+                                          // channel -> index in the list, or -1
 };
 
 inline std::int64_t mask_word_count(const cache_layout& layout) {
@@ -356,7 +357,8 @@ inline densify_scratch add_densify_scratch(workspace_carver& carver, const cache
       s.select = add_global_select<std::uint32_t, 32>(carver, layout.channels);
       s.channel_list = carver.add<std::uint32_t>(static_cast<std::size_t>(layout.kept_channels));
     }
-    s.slot_of = carver.add<std::int32_t>(static_cast<std::size_t>(layout.channels));
+    if (layout.channels > channel_map_in_block_limit)
+      s.slot_of = carver.add<std::int32_t>(static_cast<std::size_t>(layout.channels));
   } else if (layout.encoding == position_encoding::bitmask &&
              layout.mask_words_per_chunk() > max_chunk_mask_words) {
     const std::int64_t tiles = mask_tile_count(layout);
@@ -427,6 +429,14 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
     select_drawn_channels<T>(stream, layout, scratch.select, scratch.channel_list);
     list = scratch.channel_list;
   }
+  if (layout.channels <= channel_map_in_block_limit) {  // one launch
+    // Blocks enough to fill the device, few enough that building the map stays cheap.
+    channel_densify_kernel<T, Out, true>
+        <<<std::min(grid_for(count), 1024u), block_threads, 0, stream>>>(layout, list, nullptr,
+                                                                         cache.values, out);
+    check_launch("dropit channel_densify_kernel");
+    return;
+  }
   check(cudaMemsetAsync(scratch.slot_of, 0xff,
                         static_cast<std::size_t>(layout.channels) * sizeof(std::int32_t), stream),
         "densify: clearing the channel map");
@@ -435,8 +445,8 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
         list, layout.kept_channels, scratch.slot_of);
     check_launch("dropit channel_map_kernel");
   }
-  channel_densify_kernel<T, Out>
-      <<<grid_for(count), block_threads, 0, stream>>>(layout, scratch.slot_of, cache.values, out);
+  channel_densify_kernel<T, Out, false><<<grid_for(count), block_threads, 0, stream>>>(
+      layout, list, scratch.slot_of, cache.values, out);
   check_launch("dropit channel_densify_kernel");
 }
 

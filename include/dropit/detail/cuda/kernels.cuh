@@ -27,7 +27,8 @@
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
 //   keys ordered like the CPU backend's ranking (NaN highest).
-// - channel_gather / channel_map / channel_densify: copies of kept channels in and out.
+// - channel_gather / channel_map / channel_densify: copies of kept channels in and out (the
+//   channel -> slot map of densify built in each block's shared memory up to 2^13 channels).
 // - linear_weight_grad: a 16x16-tiled dW = dZ^T A over the densified float A.
 // - conv2d_weight_grad: one block per dW element, a block reduction over (n, oh, ow) (for 16-bit
 //   caches with n/k rescaling only).
@@ -634,9 +635,27 @@ DROPIT_KERNEL void channel_map_kernel(const std::uint32_t* list, std::int64_t ke
     slot_of[list[j]] = static_cast<std::int32_t>(j);
 }
 
-template <class T, class Out>
-DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::int32_t* slot_of,
-                                          const T* values, Out* out) {
+/// Channels up to which channel_densify_kernel builds the channel -> slot map in each block's
+/// shared memory (32 KiB), from the kept list, in its own launch; beyond, channel_map_kernel builds
+/// it in global memory first, after a memset.
+inline constexpr std::int64_t channel_map_in_block_limit = std::int64_t{1} << 13;
+
+/// Writes every element of a channel cache's dense tensor: its channel's kept value, or zero. The
+/// channel's slot in the kept list comes from `slot_of` (-1: dropped), or with `MapInBlock` from
+/// a map the block first builds from `list` (launch at most a few blocks per SM: each builds it).
+template <class T, class Out, bool MapInBlock>
+DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::uint32_t* list,
+                                          const std::int32_t* slot_of, const T* values, Out* out) {
+  if constexpr (MapInBlock) {
+    __shared__ std::int32_t block_slot_of[channel_map_in_block_limit];
+    for (std::int64_t c = threadIdx.x; c < layout.channels; c += block_threads)
+      block_slot_of[c] = -1;
+    __syncthreads();
+    for (std::int64_t j = threadIdx.x; j < layout.kept_channels; j += block_threads)
+      block_slot_of[list[j]] = static_cast<std::int32_t>(j);
+    __syncthreads();
+    slot_of = block_slot_of;
+  }
   const std::int64_t count = layout.outer * layout.channels * layout.inner;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
