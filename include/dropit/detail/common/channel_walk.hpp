@@ -1,6 +1,7 @@
 #pragma once
 // A grid-stride walk over the flat indices of an [outer, channels, inner] array (the CUDA
-// backend's channel gather and densify) that keeps each index's position (o, c, r) without
+// backend's channel gather and densify; with one channel, an index's quotient and remainder, as
+// a kept value's chunk in the offsets densify) that keeps each index's position (o, c, r) without
 // dividing per element: the start and the stride are split into the three digits once, and each
 // step adds the stride's digits with carries. Host and device code alike, so the CPU tests check it
 // against the divisions it replaces.

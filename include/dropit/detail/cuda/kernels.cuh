@@ -422,12 +422,21 @@ DROPIT_KERNEL void mask_densify_kernel(cache_layout layout, const std::uint32_t*
     }
     __syncthreads();
     const std::uint64_t block_first = tile_first;
+    // The tile's first word split into (chunk, word in chunk) once: a chunk holds more words than
+    // a tile (chunk_densify takes the caches whose chunks hold at most 2048), so a word of the
+    // tile lies in that chunk or the next.
+    const std::int64_t tile_chunk = first_word / words_per_chunk;
+    const std::int64_t tile_word_in_chunk = first_word - tile_chunk * words_per_chunk;
     for (std::int64_t j = warp; j < mask_words_per_block; j += block_threads / 32) {
       const std::int64_t word = first_word + j;
       if (word >= word_count) break;  // uniform across the warp
-      const std::int64_t chunk = word / words_per_chunk;
+      std::int64_t chunk = tile_chunk, word_in_chunk = tile_word_in_chunk + j;
+      if (word_in_chunk >= words_per_chunk) {
+        word_in_chunk -= words_per_chunk;
+        ++chunk;
+      }
       const bool in_tail = chunk == full_chunks;
-      const std::int64_t position = (word - chunk * words_per_chunk) * 32 + lane;
+      const std::int64_t position = word_in_chunk * 32 + lane;
       if (position >= (in_tail ? tail : layout.chunk_size)) continue;
       const std::uint32_t word_value = word_bits[j];
       Out result{};
@@ -555,11 +564,12 @@ DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept
   // Read once, not per element (see mask_densify_kernel).
   const std::int64_t full_chunks = layout.full_chunk_count();
   const float full_scale = layout.value_scale(0), tail_scale = layout.value_scale(full_chunks);
-  for (std::int64_t j = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; j < kept;
-       j += stride) {
-    // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's.
-    std::int64_t chunk = j / layout.kept_per_chunk;
-    if (chunk > full_chunks) chunk = full_chunks;
+  const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
+  // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's. The value's
+  // chunk is walked without a division per value: (chunk, slot in chunk) as two digits.
+  channel_walk at(start, stride, 1, layout.kept_per_chunk);
+  for (std::int64_t j = start; j < kept; j += stride, at.advance()) {
+    const std::int64_t chunk = at.o < full_chunks ? at.o : full_chunks;
     out[chunk * layout.chunk_size + offsets[j]] =
         densified<Out>(values[j], layout.rescale, chunk == full_chunks ? tail_scale : full_scale);
   }
