@@ -273,6 +273,13 @@ void select_channels(cudaStream_t stream, const cache_layout& layout, const T* i
             layout, input, scratch.runs, scratch.run_sums);
     check_launch("dropit channel_run_sums_kernel");
   }
+  if (layout.channels <= range_in_block_limit) {  // keys and selection in one launch
+    select_channels_in_block_kernel<><<<1, block_threads, 0, stream>>>(
+        scratch.run_sums, scratch.runs, static_cast<std::uint32_t>(layout.channels),
+        static_cast<std::uint32_t>(layout.kept_channels), scratch.channel_keys, index_writer{list});
+    check_launch("dropit select_channels_in_block_kernel");
+    return;
+  }
   channel_keys_kernel<><<<grid_for(layout.channels), block_threads, 0, stream>>>(
       scratch.run_sums, scratch.runs, layout.channels, scratch.channel_keys);
   check_launch("dropit channel_keys_kernel");

@@ -26,7 +26,8 @@
 // - scatter_offsets: one thread per kept value of an offsets cache (after a memset to zero).
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
-//   keys ordered like the CPU backend's ranking (NaN highest).
+//   keys ordered like the CPU backend's ranking (NaN highest); up to 2^13 channels
+//   select_channels_in_block computes the keys and selects in one block.
 // - channel_gather / channel_map / channel_densify: copies of kept channels in and out (the
 //   channel -> slot map of densify built in each block's shared memory up to 2^13 channels).
 // - linear_weight_grad: a 16x16-tiled dW = dZ^T A over the densified float A.
@@ -326,34 +327,44 @@ DROPIT_KERNEL void select_range_pass_kernel(KeyOf key_of, std::uint32_t m, std::
   }
 }
 
+struct range_in_block_storage {
+  std::uint32_t histogram[range_bins];
+  digit_pick_storage pick;
+  emit_storage emit;
+};
+
 /// A whole-range selection of at most range_in_block_limit candidates in one block: the passes
 /// of select_range_pass_kernel, each over every key and picked in the block, then emit_selected
-/// over the whole range; the cut is {0, m} (keep all) where k >= m.
+/// over the whole range; the cut is {0, m} (keep all) where k >= m. Called by every thread.
 template <class Key, int KeyBits, class KeyOf, class Writer>
-DROPIT_KERNEL void select_range_in_block_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
-                                                Writer visit) {
+__device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std::uint32_t k,
+                                      const Writer& visit, range_in_block_storage& s) {
   using digits = range_digits<Key, KeyBits>;
-  __shared__ std::uint32_t histogram[range_bins];
-  __shared__ digit_pick_storage pick;
-  __shared__ emit_storage emit;
   cut_search<Key> search{Key{0}, Key{0}, m, k};
   cut<Key> c{Key{0}, m};                           // every key is >= 0: keep all
   if (k == 0) c = {static_cast<Key>(~Key{0}), 0};  // none above the largest key, no tie kept
   if (0 < k && k < m) {
     for (int pass = 0; pass < digits::passes; ++pass) {
-      for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) histogram[b] = 0;
+      for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) s.histogram[b] = 0;
       __syncthreads();
       count_range_digits<false>(key_of, m, search, digits::shift(pass), digits::digit_mask(pass),
-                                histogram, static_cast<range_collect_storage<Key>*>(nullptr),
+                                s.histogram, static_cast<range_collect_storage<Key>*>(nullptr),
                                 static_cast<const range_select_scratch<Key>*>(nullptr));
       __syncthreads();
       // pick_digit ends with a barrier: the histogram is cleared after every thread read it.
-      pick_digit<range_bins>([&](std::uint32_t bin) { return histogram[bin]; }, digits::shift(pass),
-                             digits::digit_mask(pass), search, pick);
+      pick_digit<range_bins>([&](std::uint32_t bin) { return s.histogram[bin]; },
+                             digits::shift(pass), digits::digit_mask(pass), search, s.pick);
     }
     c = {search.prefix, search.needed};
   }
-  emit_selected(key_of, c, 0, m, 0, 0, emit, visit);
+  emit_selected(key_of, c, 0, m, 0, 0, s.emit, visit);
+}
+
+template <class Key, int KeyBits, class KeyOf, class Writer>
+DROPIT_KERNEL void select_range_in_block_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
+                                                Writer visit) {
+  __shared__ range_in_block_storage storage;
+  select_range_in_block<Key, KeyBits>(key_of, m, k, visit, storage);
 }
 
 /// Emits the cut of a whole-range selection — the passes' (`state`), or `given` where `state` is
@@ -614,20 +625,39 @@ DROPIT_KERNEL void channel_run_sums_kernel(cache_layout layout, const T* input, 
   }
 }
 
-/// Adds each channel's run sums in order and turns the score into a key ordered like
-/// channel_ranks_before: scores are >= +0, +inf or NaN, whose bits ascend with the score, and
-/// every NaN is clamped to one key above infinity.
+/// Channel `c`'s run sums added in order, as a key ordered like channel_ranks_before: scores are
+/// >= +0, +inf or NaN, whose bits ascend with the score, and every NaN is clamped to one key above
+/// infinity.
+__device__ inline std::uint64_t channel_key(const double* run_sums, std::int64_t runs,
+                                            std::int64_t c) {
+  double total = 0.0;
+  for (std::int64_t r = 0; r < runs; ++r) total = __dadd_rn(total, run_sums[c * runs + r]);
+  return total != total ? 0x7ff0000000000001ull
+                        : static_cast<std::uint64_t>(__double_as_longlong(total));
+}
+
 template <class = void>
 DROPIT_KERNEL void channel_keys_kernel(const double* run_sums, std::int64_t runs,
                                        std::int64_t channels, std::uint64_t* keys) {
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   for (std::int64_t c = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; c < channels;
-       c += stride) {
-    double total = 0.0;
-    for (std::int64_t r = 0; r < runs; ++r) total = __dadd_rn(total, run_sums[c * runs + r]);
-    keys[c] = total != total ? 0x7ff0000000000001ull
-                             : static_cast<std::uint64_t>(__double_as_longlong(total));
-  }
+       c += stride)
+    keys[c] = channel_key(run_sums, runs, c);
+}
+
+/// The channels' keys and their selection in one block, one launch (at most
+/// range_in_block_limit channels): the keys written to `keys`, then select_range_in_block over
+/// them, writing the ascending list of the `k` kept channels.
+template <class = void>
+DROPIT_KERNEL void select_channels_in_block_kernel(const double* run_sums, std::int64_t runs,
+                                                   std::uint32_t channels, std::uint32_t k,
+                                                   std::uint64_t* keys, index_writer list) {
+  __shared__ range_in_block_storage storage;
+  for (std::uint32_t c = threadIdx.x; c < channels; c += block_threads)
+    keys[c] = channel_key(run_sums, runs, c);
+  __syncthreads();  // the block's global writes are seen by the block after it
+  select_range_in_block<std::uint64_t, 64>(stored_keys<std::uint64_t>{keys}, channels, k, list,
+                                           storage);
 }
 
 /// values[(o * kept + j) * inner + r] = input[(o * channels + list[j]) * inner + r].
