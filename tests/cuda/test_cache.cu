@@ -198,8 +198,9 @@ __global__ void look_back_kernel(dropit::detail::cuda::lookback_tiles tiles, std
 }  // namespace
 
 // The look-back of the last of 101 tiles whose predecessors published their own counts only
-// (counted) back to the nearest inclusive prefix: through up to four windows of 32 (to tile 0). The span emit and the bitmask densify rely on it; their tiles only
-// reach past one window when timing allows, so it is checked here on statuses set beforehand.
+// (counted) back to the nearest inclusive prefix: through up to four windows of 32 (to tile 0). The
+// span emit and the bitmask densify rely on it; their tiles only reach past one window when timing
+// allows, so it is checked here on statuses set beforehand.
 TEST_CASE("cuda: a look-back crosses windows of counted tiles to the nearest inclusive prefix") {
   namespace dc = dropit::detail::cuda;
   constexpr std::uint32_t tiles = 101, last = tiles - 1;
@@ -229,6 +230,37 @@ TEST_CASE("cuda: a look-back crosses windows of counted tiles to the nearest inc
     CHECK(prefix_d.download()[0] == want);
     CHECK(inclusives_d.download()[last] == want + 7);
     CHECK(zeroed_d.download()[1 + last] == dc::tile_inclusive);
+  }
+}
+
+// The look-back kernels take their tiles by ticket, so any grid is correct: the whole-tensor
+// bitmask densify launched with 1, 2 and 3 blocks for 13 tiles, each block taking tile after tile
+// (the backend launches a block per tile, so no other test has a block take a second one).
+TEST_CASE("cuda: the look-back densify is correct with fewer blocks than tiles") {
+  namespace dc = dropit::detail::cuda;
+  const std::int64_t n = 12 * 8192 + 77;  // one chunk of more mask words than chunk_densify takes
+  const auto x = test::smooth_values<float>(n, 41);
+  const auto want = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(x, {n}));
+  REQUIRE(want.layout().encoding == position_encoding::bitmask);
+  const auto dense = densify(serial, want);
+  const auto cache = cuda_test::upload(want);
+  const std::int64_t words = static_cast<std::int64_t>(want.layout().position_bytes() / 4);
+  const std::int64_t tiles = (words + dc::mask_words_per_block - 1) / dc::mask_words_per_block;
+  for (const unsigned grid : {1u, 2u, 3u}) {
+    CAPTURE(grid);
+    device_buffer<std::uint32_t> zeroed(
+        std::vector<std::uint32_t>(dc::lookback_tiles::zeroed_words(tiles), 0u));
+    device_buffer<std::uint64_t> counts(static_cast<std::size_t>(tiles)),
+        inclusives(static_cast<std::size_t>(tiles));
+    device_buffer<float> out(static_cast<std::size_t>(n));
+    out.poison();
+    dc::mask_densify_kernel<float, float><<<grid, dc::block_threads>>>(
+        cache.layout, cache.positions.data(), words,
+        dc::lookback_tiles{zeroed.data(), counts.data(), inclusives.data()}, cache.values.data(),
+        out.data());
+    CUDA_REQUIRE(cudaGetLastError());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    CHECK_BITS_EQUAL(out.download(), dense);
   }
 }
 
