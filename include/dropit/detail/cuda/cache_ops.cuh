@@ -87,12 +87,8 @@ void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std
   check(cudaMemsetAsync(scratch.zeroed, 0, scratch.zeroed_words * sizeof(std::uint32_t), stream),
         "dropit select: clearing the counters");
   const range_state<Key>* state = nullptr;  // the passes' cut, or `given`
-  cut<Key> given{};
-  if (k >= m) {
-    given = {Key{0}, static_cast<std::uint64_t>(m)};  // every key is >= 0: keep all
-  } else if (k == 0) {
-    given = {static_cast<Key>(~Key{0}), 0};  // none above the largest key, no tie kept
-  } else {
+  const cut<Key> given = cut_without_search<Key>(m32, k32);
+  if (0 < k32 && k32 < m32) {
     const range_select_scratch<Key> passes{static_cast<range_state<Key>*>(scratch.state),
                                            scratch.zeroed, scratch.zeroed + range_bins,
                                            static_cast<Key*>(scratch.candidates), scratch.capacity};

@@ -31,11 +31,8 @@
 
 namespace dropit::detail::cuda {
 
-/// Threads of every block the backend launches. Several kernels rely on it: a radix histogram of
-/// 256 bins is scanned with one bin per thread.
+/// Threads of every block the backend launches.
 inline constexpr int block_threads = 256;
-inline constexpr int radix_bins = 256;
-static_assert(radix_bins == block_threads);
 
 /// Grid-stride loops everywhere, so no grid exceeds this many blocks whatever the size.
 inline constexpr std::int64_t max_blocks = std::int64_t{1} << 20;

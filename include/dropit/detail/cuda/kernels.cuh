@@ -341,8 +341,7 @@ __device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std:
                                       const Writer& visit, range_in_block_storage& s) {
   using digits = range_digits<Key, KeyBits>;
   cut_search<Key> search{Key{0}, Key{0}, m, k};
-  cut<Key> c{Key{0}, m};                           // every key is >= 0: keep all
-  if (k == 0) c = {static_cast<Key>(~Key{0}), 0};  // none above the largest key, no tie kept
+  cut<Key> c = cut_without_search<Key>(m, k);
   if (0 < k && k < m) {
     for (int pass = 0; pass < digits::passes; ++pass) {
       for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) s.histogram[b] = 0;

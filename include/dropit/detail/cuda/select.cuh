@@ -28,6 +28,13 @@ struct cut {
   std::uint64_t ties = 0;
 };
 
+/// The cut keeping `k` of `m` keys where no search is needed (k == 0 or k >= m): none (nothing is
+/// above the largest key, no tie kept) or all (every key is >= 0, every tie kept).
+template <class Key>
+__host__ __device__ cut<Key> cut_without_search(std::uint64_t m, std::uint64_t k) {
+  return k == 0 ? cut<Key>{static_cast<Key>(~Key{0}), 0} : cut<Key>{Key{0}, m};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Keys.
 
@@ -132,7 +139,7 @@ struct shared_keys {
 inline constexpr int chunk_digit_bits = 11;
 inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
 inline constexpr int candidate_digit_bits = 8;
-static_assert(chunk_bins % block_threads == 0 && radix_bins == 1 << candidate_digit_bits);
+inline constexpr std::uint32_t candidate_bins = 1u << candidate_digit_bits;
 
 /// What pick_digit shares across the block.
 struct digit_pick_storage {
@@ -145,7 +152,7 @@ struct block_select_storage {
     std::uint32_t histogram[chunk_bins];   // passes over every key
     std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin, once it is chosen
   };
-  std::uint32_t candidate_histogram[radix_bins];  // passes over the candidates
+  std::uint32_t candidate_histogram[candidate_bins];  // passes over the candidates
   digit_pick_storage pick;
   std::uint32_t candidate_count;
 };
@@ -303,8 +310,7 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
 template <int KeyBits, class KeyOf>
 __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
                                            std::uint32_t k, block_select_storage& s) {
-  if (k >= length) return {0u, length};  // every key is >= 0: keep all
-  if (k == 0) return {0xffffffffu, 0};   // no key is above the largest
+  if (k == 0 || k >= length) return cut_without_search<std::uint32_t>(length, k);
   cut_search<std::uint32_t> search{0, 0, length, k};
   if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
   constexpr int low = 32 - chunk_digit_bits;
