@@ -3,6 +3,7 @@
 // the convolution parameter grid; replacing or accumulating into dW. The caches are made by the CPU
 // backend and copied to the device, so these tests exercise the gradient path alone.
 
+#include <array>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -38,7 +39,8 @@ const linear_case linear_cases[] = {
     {{17}, 5},   {{0, 5}, 3}, {{4, 0}, 3},    {{4, 6}, 0},     {{300, 100}, 17}};
 
 template <class T, class P>
-void check_linear(const P& p, const linear_case& lc, std::uint64_t seed) {
+void check_linear(const P& p, const linear_case& lc, std::uint64_t seed,
+                  const cuda_backend& gpu = {}) {
   const std::int64_t k = lc.a_dims.back();
   const std::int64_t m =
       std::accumulate(lc.a_dims.begin(), lc.a_dims.end() - 1, std::int64_t{1}, std::multiplies<>());
@@ -49,7 +51,6 @@ void check_linear(const P& p, const linear_case& lc, std::uint64_t seed) {
   const auto want = ref::linear_dw(test::gradient_operand(c), test::as_float(dz), m, k, n);
   const auto tol = test::tolerance_for<T>();
 
-  const cuda_backend gpu{};
   const auto cache = cuda_test::upload(c);
   const device_buffer<T> d_dz(dz);
   const dropit::shape dz_shape{m, n}, dw_shape{n, k};
@@ -184,6 +185,35 @@ TEST_CASE("cuda: conv2d dW sums im2col blocks no larger than the dense input") {
   CHECK(dropit::detail::cuda::conv2d_block_samples(g) == 1);
   g.batch = 0;
   CHECK(dropit::detail::cuda::conv2d_block_samples(g) == 1);
+}
+
+// The library handles are bound to a stream and workspace only when a call's differ from the last
+// call's: calls alternating between two streams (each with a workspace of its own) each run on
+// their own stream, which cuBLAS's and cuDNN's handles report, and give the dense gradients.
+TEST_CASE("cuda: weight gradients alternating between two streams run on each call's own") {
+  namespace dc = dropit::detail::cuda;
+  std::array<cudaStream_t, 2> streams{};
+  for (cudaStream_t& stream : streams)
+    CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const policy<chunked_min_k_selection> p{{0.9, 256}};
+  std::uint64_t seed = 40;
+  for (int call = 0; call < 4; ++call) {
+    CAPTURE(call);
+    const cuda_backend gpu{streams[static_cast<std::size_t>(call % 2)]};
+    check_linear<float>(p, {{300, 100}, 17}, seed += 3, gpu);
+    cudaStream_t bound = nullptr;
+    CHECK(cublasGetStream(dc::library_handles<dc::cublas_library>::current("test").handle,
+                          &bound) == CUBLAS_STATUS_SUCCESS);
+    CHECK(bound == gpu.stream);
+    check_conv<float>(p, conv_grid().front(), seed += 3, gpu);
+#if DROPIT_CUDA_CUDNN
+    bound = nullptr;
+    CHECK(cudnnGetStream(dc::library_handles<dc::cudnn_library>::current("test").handle, &bound) ==
+          CUDNN_STATUS_SUCCESS);
+    CHECK(bound == gpu.stream);
+#endif
+  }
+  for (cudaStream_t stream : streams) CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
 TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value") {

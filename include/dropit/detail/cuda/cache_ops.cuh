@@ -22,6 +22,7 @@
 #include <optional>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 #include "../../cache.hpp"
 #include "../../policy.hpp"
@@ -32,6 +33,58 @@
 #include "select.cuh"
 
 namespace dropit::detail::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// What the runtime says of a kernel on a device, asked once.
+
+/// `compute(device)` for the current device: computed once per process and device, under a lock
+/// (`compute` may set an attribute every thread's launches rely on), then read from a per-thread
+/// copy, so that later calls ask the runtime nothing but the current device and take no lock.
+/// Each caller's `compute` (a lambda: a type of its own, in each instantiation of its caller) has
+/// values of its own.
+template <class Compute>
+std::size_t once_per_device(const Compute& compute, const char* name) {
+  int device = 0;
+  check(cudaGetDevice(&device), name);
+  thread_local std::vector<std::optional<std::size_t>> known;  // this thread's, by device
+  const auto slot = static_cast<std::size_t>(device);
+  if (slot < known.size() && known[slot]) return *known[slot];
+  static std::mutex mutex;
+  static std::unordered_map<int, std::size_t> computed;  // by device
+  std::size_t value = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = computed.find(device);
+    value = found != computed.end() ? found->second
+                                    : computed.emplace(device, compute(device)).first->second;
+  }
+  if (known.size() <= slot) known.resize(slot + 1);
+  known[slot] = value;
+  return value;
+}
+
+/// Whether `Kernel` can be launched with `bytes` of dynamic shared memory on the current device.
+/// Its attribute is raised to the device's limit once and never lowered, so that a launch on one
+/// host thread cannot invalidate another thread's launch of a larger size. (`Kernel` is a template
+/// argument: kernels of one signature share a function type, not their attributes.)
+template <auto Kernel>
+bool reserve_dynamic_shared_memory(std::size_t bytes, const char* name) {
+  const auto raise_limit = [name](int device) {
+    int available = 0;
+    check(cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+          name);
+    cudaFuncAttributes attributes{};
+    check(cudaFuncGetAttributes(&attributes, Kernel), name);
+    const std::size_t limit = static_cast<std::size_t>(available) > attributes.sharedSizeBytes
+                                  ? static_cast<std::size_t>(available) - attributes.sharedSizeBytes
+                                  : 0;
+    check(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(limit)),
+          name);
+    return limit;
+  };
+  return bytes <= once_per_device(raise_limit, name);
+}
 
 // ---------------------------------------------------------------------------------------------
 // Selection over many blocks.
@@ -151,38 +204,6 @@ compress_scratch add_compress_scratch(workspace_carver& carver, const cache_layo
   return s;
 }
 
-/// The most dynamic shared memory `kernel` can be launched with on `device`. The kernel's attribute
-/// is raised to that limit once per device and never lowered, so that a launch on one host thread
-/// cannot invalidate another thread's launch of a larger size; the limit is remembered, so later
-/// launches ask the runtime nothing.
-template <class Kernel>
-std::size_t dynamic_shared_memory_limit(Kernel* kernel, int device, const char* name) {
-  static std::mutex mutex;
-  static std::unordered_map<int, std::size_t> limits;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (const auto known = limits.find(device); known != limits.end()) return known->second;
-  int available = 0;
-  check(cudaDeviceGetAttribute(&available, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), name);
-  cudaFuncAttributes attributes{};
-  check(cudaFuncGetAttributes(&attributes, kernel), name);
-  const std::size_t limit = static_cast<std::size_t>(available) > attributes.sharedSizeBytes
-                                ? static_cast<std::size_t>(available) - attributes.sharedSizeBytes
-                                : 0;
-  check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(limit)),
-        name);
-  limits.emplace(device, limit);
-  return limit;
-}
-
-/// Whether `kernel` can be launched with `bytes` of dynamic shared memory on the current device.
-template <class Kernel>
-bool reserve_dynamic_shared_memory(Kernel* kernel, std::size_t bytes, const char* name) {
-  int device = 0;
-  check(cudaGetDevice(&device), name);
-  return bytes <= dynamic_shared_memory_limit(kernel, device, name);
-}
-
 /// One block per chunk, with the chunk staged in shared memory where the device has room for it
 /// (D = 2^14 needs 64 KiB in float32, 32 KiB in 16-bit types; sm_80 and sm_90 have room for
 /// 2^15 float32 or 2^16 16-bit values), else re-reading it.
@@ -195,8 +216,8 @@ void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const
                                  sizeof(staged_item<T, Selection>) +
                              15) /
                             16 * 16;
-  auto* staged = select_chunks_kernel<T, Selection, true, Writer>;
-  if (reserve_dynamic_shared_memory(staged, staged_bytes, "dropit select_chunks_kernel")) {
+  constexpr auto staged = select_chunks_kernel<T, Selection, true, Writer>;
+  if (reserve_dynamic_shared_memory<staged>(staged_bytes, "dropit select_chunks_kernel")) {
     staged<<<grid, block_threads, staged_bytes, stream>>>(layout, input, writer);
   } else {
     select_chunks_kernel<T, Selection, false>

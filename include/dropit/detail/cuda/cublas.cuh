@@ -44,10 +44,6 @@ struct cublas_library {
   }
 };
 
-inline cublasHandle_t cublas_handle(const char* what) {
-  return library_handles<cublas_library>::current(what);
-}
-
 /// The workspace cuBLAS gets on the current device, as PyTorch gives it (its
 /// CUBLAS_WORKSPACE_CONFIG default): 32 MiB from Hopper (compute capability 9) on, 8 MiB + 128 KiB
 /// before. Asked once per thread and device.
@@ -88,16 +84,26 @@ inline constexpr cudaDataType_t cuda_data_type = std::is_same_v<T, float>  ? CUD
                                                                            : CUDA_R_16BF;
 
 /// This thread's handle, bound to `stream` and to the cuBLAS workspace carved by
-/// add_cublas_workspace (aligned here), so that cuBLAS allocates nothing.
+/// add_cublas_workspace (aligned here), so that cuBLAS allocates nothing. Only what changed since
+/// the handle's last binding is set: cublasSetStream also puts back cuBLAS's own workspace, so a
+/// new stream takes the workspace again.
 inline cublasHandle_t bind_cublas(cudaStream_t stream, std::byte* workspace, const char* what) {
-  const cublasHandle_t handle = cublas_handle(what);
-  check_cublas(cublasSetStream(handle, stream), what);
+  auto& bound = library_handles<cublas_library>::current(what);
+  if (!bound.stream_bound || bound.stream != stream) {
+    check_cublas(cublasSetStream(bound.handle, stream), what);
+    bound.stream = stream;
+    bound.stream_bound = true;
+    bound.workspace = nullptr;
+  }
   const auto address = reinterpret_cast<std::uintptr_t>(workspace);
   std::byte* aligned =
       workspace + (cublas_workspace_alignment - address % cublas_workspace_alignment) %
                       cublas_workspace_alignment;
-  check_cublas(cublasSetWorkspace(handle, aligned, cublas_workspace_bytes(what)), what);
-  return handle;
+  if (bound.workspace != aligned) {
+    check_cublas(cublasSetWorkspace(bound.handle, aligned, cublas_workspace_bytes(what)), what);
+    bound.workspace = aligned;
+  }
+  return bound.handle;
 }
 
 /// The linear weight gradient by one cublasGemmEx, accumulating in float (tensor cores for the

@@ -259,7 +259,7 @@ inline std::unique_ptr<cudnn_wgrad_plan> plan_of_configuration(
 /// The properties of the device this thread's cuDNN handle is for, as plans are built for them.
 inline std::unique_ptr<cudnn_descriptor> current_device_properties() {
   constexpr const char* what = "conv2d_weight_grad (cuDNN device)";
-  const cudnnHandle_t handle = library_handles<cudnn_library>::current(what);
+  const cudnnHandle_t handle = library_handles<cudnn_library>::current(what).handle;
   auto device = std::make_unique<cudnn_descriptor>(CUDNN_BACKEND_DEVICEPROP_DESCRIPTOR, what);
   device->set(CUDNN_ATTR_DEVICEPROP_HANDLE, CUDNN_TYPE_HANDLE, &handle).finalize();
   return device;
@@ -366,8 +366,13 @@ const cudnn_wgrad_plans* cudnn_wgrad_plans_for(const conv2d_geometry& g, bool al
 inline void run_cudnn_wgrad(cudaStream_t stream, const cudnn_wgrad_plan& plan, const void* x,
                             const void* dy, void* dw, void* workspace) {
   constexpr const char* what = "conv2d_weight_grad (cuDNN)";
-  const cudnnHandle_t handle = library_handles<cudnn_library>::current(what);
-  check_cudnn(cudnnSetStream(handle, stream), what);
+  auto& bound = library_handles<cudnn_library>::current(what);
+  if (!bound.stream_bound || bound.stream != stream) {
+    check_cudnn(cudnnSetStream(bound.handle, stream), what);
+    bound.stream = stream;
+    bound.stream_bound = true;
+  }
+  const cudnnHandle_t handle = bound.handle;
   const std::array<std::int64_t, 3> uids{wgrad_x, wgrad_dy, wgrad_dw};
   std::array<void*, 3> pointers{const_cast<void*>(x), const_cast<void*>(dy), dw};
   cudnn_descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, what);
