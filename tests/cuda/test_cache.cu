@@ -264,6 +264,45 @@ TEST_CASE("cuda: the look-back densify is correct with fewer blocks than tiles")
   }
 }
 
+// The whole-tensor selection's blocks take the passes' iterations grid-stride and the emit's spans
+// by ticket, so any grid is correct: 1, 2 and 3 blocks for 12 spans, values spread over many
+// octaves (the bin holding the cut collected) and in one (not collected). The backend launches a
+// block per span up to what the device holds at once, so only tensors larger than that (over ten
+// million elements on an H100) have a block take a second span.
+TEST_CASE("cuda: min-k over a whole tensor is correct with fewer blocks than spans") {
+  namespace dc = dropit::detail::cuda;
+  const std::int64_t n = 12 * 16384 + 77;
+  std::vector<float> spread(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i)
+    spread[i] = std::ldexp(1.0f + static_cast<float>(i * 7919 % 1000) / 1000.0f,
+                           static_cast<int>(i * 31 % 40) - 20);
+  for (const auto& x : {spread, test::nasty_values<float>(n, 43)})
+    for (const double gamma : {0.5, 0.9}) {
+      CAPTURE(gamma);
+      const auto want = compress(serial, policy<min_k_selection>{{gamma}}, test::view_of(x, {n}));
+      const cache_layout& layout = want.layout();
+      REQUIRE(layout.encoding == position_encoding::bitmask);
+      const device_buffer<float> input(x);
+      const auto workspace = cuda_test::device_workspace(
+          dropit::detail::workspace_bytes_of([&](dropit::detail::workspace_carver& carver) {
+            dc::add_global_select<std::uint32_t, 32>(carver, n);
+          }));
+      for (const unsigned grid : {1u, 2u, 3u}) {
+        CAPTURE(grid);
+        cuda_test::device_cache<float> got(layout);
+        dropit::detail::workspace_carver carver(cuda_test::as_workspace(workspace));
+        const auto scratch = dc::add_global_select<std::uint32_t, 32>(carver, n);
+        dc::select_global<std::uint32_t, 32>(
+            nullptr, dc::selection_keys<min_k_selection, float>{input.data(), layout.seed, 0}, n,
+            layout.kept_per_chunk, scratch,
+            dc::bitmask_writer<float>{input.data(), got.values.data(), got.positions.data()}, grid);
+        CUDA_REQUIRE(cudaDeviceSynchronize());
+        CHECK_BITS_EQUAL(got.values.download(), test::values_of(want));
+        CHECK(got.position_bytes() == test::position_bytes(want));
+      }
+    }
+}
+
 // The selection's scratch is transient but counts at the allocator's peak: for min-k over a whole
 // tensor it must stay a small fraction of the input (a sixteenth of the float keys set aside for
 // the last pass, nothing for 16-bit types, whose two passes need none), and for channels nothing

@@ -9,15 +9,18 @@
 //   the radix passes (three of 11 bits, two for 16-bit types), the emit and the writers read it.
 //   Chunks too long for the device's shared memory recompute their keys from global memory (L2
 //   after the first pass) in every pass.
-// - min-k over the whole tensor, and channel selection: the multi-block select_global below, over
-//   magnitude keys, generator draws or channel-score keys: a radix pass per 12 bits of key (two
+// - min-k over the whole tensor, and channel selection: select_global below, over magnitude keys,
+//   generator draws or channel-score keys, in one launch: a radix pass per 12 bits of key (two
 //   for 16-bit magnitudes, three for float and draws, six for 64-bit channel scores), reading
-//   every key until a pass has collected the bin holding the cut, then one emit with look-back.
+//   every key until a pass has collected the bin holding the cut, then one emit with look-back;
+//   beyond one block's range, the blocks of one cooperative launch wait for one another between
+//   these phases.
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <type_traits>
@@ -86,12 +89,46 @@ bool reserve_dynamic_shared_memory(std::size_t bytes, const char* name) {
   return bytes <= once_per_device(raise_limit, name);
 }
 
+/// The most blocks of `Kernel` (`block_threads` threads, no dynamic shared memory) the current
+/// device holds at once: the largest grid a cooperative launch of it may have. Throws where the
+/// device launches no cooperative kernel.
+template <auto Kernel>
+unsigned resident_blocks(const char* name) {
+  const auto count = [name](int device) {
+    int cooperative = 0, per_multiprocessor = 0, multiprocessors = 0;
+    check(cudaDeviceGetAttribute(&cooperative, cudaDevAttrCooperativeLaunch, device), name);
+    expect(cooperative != 0, name, ": CUDA device ", device,
+           " cannot launch cooperative kernels, which selections over a whole tensor or over its "
+           "channels need; chunked selections (the default) run there");
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, Kernel, block_threads,
+                                                        0),
+          name);
+    check(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, device), name);
+    expect(per_multiprocessor > 0, name, ": no block of ", block_threads,
+           " threads fits a multiprocessor of CUDA device ", device);
+    return static_cast<std::size_t>(per_multiprocessor) * static_cast<std::size_t>(multiprocessors);
+  };
+  return static_cast<unsigned>(once_per_device(count, name));
+}
+
+/// Launches `kernel` on `grid` blocks (at most resident_blocks) of `block_threads` threads, all
+/// resident at once, so that its blocks may wait for one another (a grid-wide barrier). The
+/// runtime copies each parameter from `args`, converted to the kernel's parameter types here.
+template <class... Params>
+void launch_cooperative(void (*kernel)(Params...), cudaStream_t stream, unsigned grid,
+                        const char* name, std::type_identity_t<Params>... args) {
+  void* pointers[] = {static_cast<void*>(&args)...};
+  check(cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(block_threads), pointers, 0, stream),
+        name);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Selection over many blocks.
 
 struct global_select_scratch {
   void* state = nullptr;            // a range_state<Key>
-  std::uint32_t* zeroed = nullptr;  // the passes' histogram and counters, then the emit's words
+  std::uint32_t* zeroed = nullptr;  // the passes' histogram and counters, then the emit's words,
+                                    // cleared by the selection's kernel first
   std::size_t zeroed_words = 0;
   void* candidates = nullptr;  // `capacity` keys
   std::uint32_t capacity = 0;
@@ -118,16 +155,17 @@ global_select_scratch add_global_select(workspace_carver& carver, std::int64_t m
 
 /// Keeps the `k` largest of the `m` keys `key_of(0 .. m-1)` (m < 2^32; ties to the lower index),
 /// whose low bits below the top `KeyBits` are zero, and calls `visit` (see emit_selected) on them
-/// in index order, with their slots 0 .. k-1. Up to range_in_block_limit keys, one block in one
-/// launch; beyond, a memset of the scratch's counters, one select_range_pass_kernel per 12 bits of
-/// key (two for 16-bit magnitudes, three for float) and select_range_emit_kernel: the candidates
-/// are read once per pass until a pass has collected the bin holding the cut, and once by the
-/// emit — three times for float magnitudes whose bin fits the candidate buffer, against six in 12
-/// launches when every pass decided 8 bits over every key and a count kernel and a one-block scan
-/// preceded the emit.
+/// in index order, with their slots 0 .. k-1. One launch: up to range_in_block_limit keys, one
+/// block; beyond, select_range_kernel, whose blocks run every pass (one per 12 bits of key: two
+/// for 16-bit magnitudes, three for float) and the emit with grid-wide barriers between them. The
+/// candidates are read once per pass until a pass has collected the bin holding the cut, and once
+/// by the emit: three times for float magnitudes whose bin fits the candidate buffer (it took six
+/// reads in 12 launches, then three in a memset and 4 launches). `max_blocks` caps the grid (the
+/// tests take fewer blocks than spans).
 template <class Key, int KeyBits, class KeyOf, class Visit>
 void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std::int64_t k,
-                   const global_select_scratch& scratch, const Visit& visit) {
+                   const global_select_scratch& scratch, const Visit& visit,
+                   unsigned max_blocks = std::numeric_limits<unsigned>::max()) {
   if (m <= 0) return;
   const auto m32 = static_cast<std::uint32_t>(m);
   const auto k32 = static_cast<std::uint32_t>(std::min(k, m));
@@ -137,28 +175,17 @@ void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std
     check_launch("dropit select_range_in_block_kernel");
     return;
   }
-  check(cudaMemsetAsync(scratch.zeroed, 0, scratch.zeroed_words * sizeof(std::uint32_t), stream),
-        "dropit select: clearing the counters");
-  const range_state<Key>* state = nullptr;  // the passes' cut, or `given`
-  const cut<Key> given = cut_without_search<Key>(m32, k32);
-  if (0 < k32 && k32 < m32) {
-    const range_select_scratch<Key> passes{static_cast<range_state<Key>*>(scratch.state),
-                                           scratch.zeroed, scratch.zeroed + range_bins,
-                                           static_cast<Key*>(scratch.candidates), scratch.capacity};
-    // Each block takes at least 16 of its 1024-key iterations: its histogram's clearing and
-    // folding (4096 bins) stay small next to its counting.
-    const unsigned grid = std::min(grid_for(m, std::int64_t{range_block_items} * 16), 1024u);
-    for (int pass = 0; pass < range_digits<Key, KeyBits>::passes; ++pass) {
-      select_range_pass_kernel<Key, KeyBits>
-          <<<grid, block_threads, 0, stream>>>(key_of, m32, k32, pass, passes);
-      check_launch("dropit select_range_pass_kernel");
-    }
-    state = passes.state;
-  }
-  select_range_emit_kernel<Key>
-      <<<grid_for((m + span_size - 1) / span_size, 1), block_threads, 0, stream>>>(
-          key_of, static_cast<std::uint64_t>(m), state, given, scratch.spans, visit);
-  check_launch("dropit select_range_emit_kernel");
+  constexpr auto kernel = select_range_kernel<Key, KeyBits, KeyOf, Visit>;
+  constexpr const char* name = "dropit select_range_kernel";
+  const range_select_scratch<Key> passes{static_cast<range_state<Key>*>(scratch.state),
+                                         scratch.zeroed, scratch.zeroed + range_bins,
+                                         static_cast<Key*>(scratch.candidates), scratch.capacity};
+  // A block per span of the emit, which is 16 of a pass's 1024-key iterations (its histogram's
+  // clearing and folding, 4096 bins, stay small next to its counting), as many as fit at once.
+  const unsigned grid =
+      std::min({grid_for(m, span_size), resident_blocks<kernel>(name), max_blocks});
+  launch_cooperative(kernel, stream, grid, name, key_of, m32, k32, passes, scratch.zeroed,
+                     static_cast<std::uint32_t>(scratch.zeroed_words), scratch.spans, visit);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -275,8 +302,9 @@ void select_drawn_channels(cudaStream_t stream, const cache_layout& layout,
   });
 }
 
-/// Writes the ascending list of kept channels to `list`: by score for selections that rank values
-/// (needs `input`), by generator draw otherwise (regenerable without it).
+/// Writes the ascending list of kept channels to `list` where one launch does not compress them
+/// whole: by score for selections that rank values (more than range_in_block_limit channels;
+/// needs `input`), by generator draw otherwise (regenerable without it).
 template <storage_type T>
 void select_channels(cudaStream_t stream, const cache_layout& layout, const T* input,
                      const compress_scratch& scratch, std::uint32_t* list) {
@@ -290,13 +318,6 @@ void select_channels(cudaStream_t stream, const cache_layout& layout, const T* i
             layout, input, scratch.runs, scratch.run_sums);
     check_launch("dropit channel_run_sums_kernel");
   }
-  if (layout.channels <= range_in_block_limit) {  // keys and selection in one launch
-    select_channels_in_block_kernel<><<<1, block_threads, 0, stream>>>(
-        scratch.run_sums, scratch.runs, static_cast<std::uint32_t>(layout.channels),
-        static_cast<std::uint32_t>(layout.kept_channels), scratch.channel_keys, index_writer{list});
-    check_launch("dropit select_channels_in_block_kernel");
-    return;
-  }
   channel_keys_kernel<><<<grid_for(layout.channels), block_threads, 0, stream>>>(
       scratch.run_sums, scratch.runs, layout.channels, scratch.channel_keys);
   check_launch("dropit channel_keys_kernel");
@@ -305,6 +326,9 @@ void select_channels(cudaStream_t stream, const cache_layout& layout, const T* i
                                    index_writer{list});
 }
 
+/// Channel compress: channel min-k of at most range_in_block_limit channels in one cooperative
+/// launch (channel_min_k_compress_kernel), else the selection of the kept channels' list, then
+/// their gather.
 template <storage_type T>
 void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>& out,
                        const compress_scratch& scratch) {
@@ -313,8 +337,19 @@ void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>&
   std::uint32_t* list = layout.encoding == position_encoding::channel_list
                             ? static_cast<std::uint32_t*>(out.positions)
                             : scratch.channel_list;
-  select_channels(stream, layout, input, scratch, list);
   const std::int64_t count = layout.outer * layout.kept_channels * layout.inner;
+  if (layout.stores_positions() && layout.channels <= range_in_block_limit) {
+    constexpr auto kernel = channel_min_k_compress_kernel<T>;
+    constexpr const char* name = "dropit channel_min_k_compress_kernel";
+    // The more blocks of the two grid-wide phases' (a run or an element per thread), as many as
+    // fit at once.
+    const unsigned grid = std::min(grid_for(std::max(layout.channels * scratch.runs, count)),
+                                   resident_blocks<kernel>(name));
+    launch_cooperative(kernel, stream, grid, name, layout, input, scratch.runs, scratch.run_sums,
+                       scratch.channel_keys, list, out.values);
+    return;
+  }
+  select_channels(stream, layout, input, scratch, list);
   if (count == 0) return;
   channel_gather_kernel<T>
       <<<grid_for(count), block_threads, 0, stream>>>(layout, input, list, out.values);

@@ -21,13 +21,18 @@
 // library's host stub to the other's registration. Every kernel is launched with
 // `block_threads` threads, and says so (__launch_bounds__): without it nvcc must budget registers
 // for 1024-thread blocks, which forces spills or cuts what a thread may keep in registers.
+// DROPIT_KERNEL_RESIDENT(blocks) also asks for `blocks` blocks per multiprocessor, which budgets
+// registers for that many (a cooperative kernel's grid is what fits at once).
 #if defined(_WIN32)
-#define DROPIT_KERNEL __global__ __launch_bounds__(::dropit::detail::cuda::block_threads)
+#define DROPIT_KERNEL_VISIBILITY
 #else
-#define DROPIT_KERNEL                   \
-  __attribute__((visibility("hidden"))) \
-  __global__ __launch_bounds__(::dropit::detail::cuda::block_threads)
+#define DROPIT_KERNEL_VISIBILITY __attribute__((visibility("hidden")))
 #endif
+#define DROPIT_KERNEL \
+  DROPIT_KERNEL_VISIBILITY __global__ __launch_bounds__(::dropit::detail::cuda::block_threads)
+#define DROPIT_KERNEL_RESIDENT(blocks)                                                         \
+  DROPIT_KERNEL_VISIBILITY __global__ __launch_bounds__(::dropit::detail::cuda::block_threads, \
+                                                        blocks)
 
 namespace dropit::detail::cuda {
 

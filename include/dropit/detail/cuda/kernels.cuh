@@ -11,13 +11,14 @@
 //   every key, then 8-bit passes over the keys of the bin holding the cut) then emit_selected
 //   (128 candidates per warp at a time, in four rounds of one ballot each), writing values and
 //   bitmask / offsets, or the dense chunk of a seeded cache.
-// - select_range_pass / select_range_emit: a whole-tensor (or all-channel) selection. Each pass
-//   decides 12 bits of the cut: every block counts its keys' digit into a 4096-bin shared
-//   histogram and adds it to a global one, and the last block to finish picks the digit holding
-//   the cut; a pass whose starting bin fits a buffer copies its keys there for the later passes.
-//   The emit takes spans of `span_size` candidates in order, counts each span's keys above / equal
-//   to the cut, learns the counts before it by decoupled look-back (lookback.cuh), and emits its
-//   kept candidates at their global slots (emit_selected's two halves).
+// - select_range: a whole-tensor (or all-channel) selection in one cooperative launch, grid-wide
+//   barriers between its phases. Each pass decides 12 bits of the cut: every block counts its
+//   keys' digit into a 4096-bin shared histogram and adds it to a global one, and the last block
+//   to finish picks the digit holding the cut; a pass whose starting bin fits a buffer copies its
+//   keys there for the later passes. The emit takes spans of `span_size` candidates in order,
+//   counts each span's keys above / equal to the cut, learns the counts before it by decoupled
+//   look-back (lookback.cuh), and emits its kept candidates at their global slots
+//   (emit_selected's two halves).
 // - chunk_densify: one block per chunk of a bitmask cache: the chunk's word popcounts scanned in
 //   shared memory, then four elements per thread and vector store.
 // - mask_densify: a tile of 256 mask words per block, its popcounts scanned in the block and the
@@ -27,7 +28,8 @@
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
 //   keys ordered like the CPU backend's ranking (NaN highest); up to 2^13 channels
-//   select_channels_in_block computes the keys and selects in one block.
+//   channel_min_k_compress runs the sums, the keys and their selection (in one block) and the
+//   gather in one cooperative launch.
 // - channel_gather / channel_map / channel_densify: copies of kept channels in and out (the
 //   channel -> slot map of densify built in each block's shared memory up to 2^13 channels).
 // - linear_weight_grad: a 16x16-tiled dW = dZ^T A over the densified float A.
@@ -41,6 +43,7 @@
 // - transpose_channels_last: the same tiles, copied into logical order for compress (a
 //   channels-last input is selected as its contiguous copy in the workspace).
 
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
@@ -212,19 +215,21 @@ __device__ void flush_collected(range_collect_storage<Key>& c, const range_selec
 
 /// One pass's count over `length` keys: the digit at `shift` of each key matching the search's
 /// prefix into `histogram` (digit 0 uncounted, see pick_digit), and with `Collect` a copy of each
-/// matching key in the candidate buffer (through `c`, into `s`'s buffer). Each warp takes 128
-/// consecutive keys per block iteration, in four rounds of 32 coalesced loads issued before any is
-/// counted. Called by every thread of the block.
+/// matching key in the candidate buffer (through `c`, into `s`'s buffer). The block is number
+/// `block` of the `blocks` sharing the keys (blockIdx.x and gridDim.x, or 0 and 1 where a block of
+/// a larger grid counts alone) and takes their iterations of `range_block_items` keys round-robin.
+/// Each warp takes 128 consecutive keys per block iteration, in four rounds of 32 coalesced loads
+/// issued before any is counted. Called by every thread of the block.
 template <bool Collect, class Key, class KeyOf>
-__device__ void count_range_digits(const KeyOf& key_of, std::uint64_t length,
-                                   const cut_search<Key>& search, int shift,
+__device__ void count_range_digits(const KeyOf& key_of, std::uint64_t length, std::uint32_t block,
+                                   std::uint32_t blocks, const cut_search<Key>& search, int shift,
                                    std::uint32_t digit_mask, std::uint32_t* histogram,
                                    range_collect_storage<Key>* c,
                                    const range_select_scratch<Key>* s) {
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
   const std::uint32_t lanes_below = lanes_below_mask();
-  for (std::uint64_t base = std::uint64_t{blockIdx.x} * range_block_items; base < length;
-       base += std::uint64_t{gridDim.x} * range_block_items) {  // uniform in the block
+  for (std::uint64_t base = std::uint64_t{block} * range_block_items; base < length;
+       base += std::uint64_t{blocks} * range_block_items) {  // uniform in the block
     const std::uint64_t group = base + warp * emit_group;
     Key keys[emit_rounds];
 #pragma unroll
@@ -270,24 +275,31 @@ __device__ void count_range_digits(const KeyOf& key_of, std::uint64_t length,
   }
 }
 
+/// A block's shared memory for a pass of the whole-range selection.
+template <class Key>
+struct range_pass_storage {
+  std::uint32_t histogram[range_bins];
+  range_collect_storage<Key> collect;
+  digit_pick_storage pick;
+  bool last_block;
+};
+
 /// Pass `pass` of the whole-range selection over the keys `key_of(0 .. m-1)` (range_digits):
 /// decides its digit among the keys matching the digits decided before. The first pass starts the
 /// search for the `k` largest, 0 < k < m < 2^32. Every block adds its shared histogram to the
 /// global one; the last block to finish picks the digit holding the cut, updates the state and
-/// clears the histogram and its counter for the next pass.
+/// clears the histogram and its counter for the next pass, which must not start before it has
+/// (a grid-wide barrier). Called by every thread of every block.
 ///
 /// A pass reads every key — or, once a pass has collected them, only the keys of the bin holding
 /// the cut: a pass other than the last collects the keys matching the prefix it starts from when
 /// they fit the candidate buffer (a sixteenth of a long range: a bin of a float magnitude's first
 /// 12 bits is an eighth of an octave, a few percent of a tensor around the cut).
 template <class Key, int KeyBits, class KeyOf>
-DROPIT_KERNEL void select_range_pass_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
-                                            int pass, range_select_scratch<Key> s) {
+__device__ void select_range_pass(const KeyOf& key_of, std::uint32_t m, std::uint32_t k, int pass,
+                                  const range_select_scratch<Key>& s,
+                                  range_pass_storage<Key>& storage) {
   using digits = range_digits<Key, KeyBits>;
-  __shared__ std::uint32_t histogram[range_bins];
-  __shared__ range_collect_storage<Key> collect_storage;
-  __shared__ digit_pick_storage pick;
-  __shared__ bool last_block;
   const range_state<Key> state =
       pass == 0 ? range_state<Key>{{Key{0}, Key{0}, m, k}, 0u, false} : *s.state;
   cut_search<Key> search = state.search;
@@ -295,30 +307,33 @@ DROPIT_KERNEL void select_range_pass_kernel(KeyOf key_of, std::uint32_t m, std::
   const std::uint32_t digit_mask = digits::digit_mask(pass);
   const bool collect =
       !state.from_candidates && pass + 1 < digits::passes && search.matching <= s.capacity;
-  for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) histogram[b] = 0;
-  if (threadIdx.x == 0) collect_storage.fill = 0;
+  for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) storage.histogram[b] = 0;
+  if (threadIdx.x == 0) storage.collect.fill = 0;
   __syncthreads();
   if (state.from_candidates)
-    count_range_digits<false>(stored_keys<Key>{s.candidates}, state.collected, search, shift,
-                              digit_mask, histogram, &collect_storage, &s);
+    count_range_digits<false>(stored_keys<Key>{s.candidates}, state.collected, blockIdx.x,
+                              gridDim.x, search, shift, digit_mask, storage.histogram,
+                              &storage.collect, &s);
   else if (collect)
-    count_range_digits<true>(key_of, m, search, shift, digit_mask, histogram, &collect_storage, &s);
+    count_range_digits<true>(key_of, m, blockIdx.x, gridDim.x, search, shift, digit_mask,
+                             storage.histogram, &storage.collect, &s);
   else
-    count_range_digits<false>(key_of, m, search, shift, digit_mask, histogram, &collect_storage,
-                              &s);
+    count_range_digits<false>(key_of, m, blockIdx.x, gridDim.x, search, shift, digit_mask,
+                              storage.histogram, &storage.collect, &s);
   __syncthreads();
   for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads)
-    if (histogram[b] != 0) atomicAdd(&s.histogram[b], histogram[b]);
+    if (storage.histogram[b] != 0) atomicAdd(&s.histogram[b], storage.histogram[b]);
   __threadfence();  // this block's counts reach the device before its ticket
   __syncthreads();
   if (threadIdx.x == 0)
-    last_block = device_atomic_word(s.counters[0]).fetch_add(1u, ::cuda::memory_order_acq_rel) ==
-                 gridDim.x - 1;
+    storage.last_block =
+        device_atomic_word(s.counters[0]).fetch_add(1u, ::cuda::memory_order_acq_rel) ==
+        gridDim.x - 1;
   __syncthreads();
-  if (!last_block) return;
+  if (!storage.last_block) return;
   __threadfence();  // every other block's counts are seen
   pick_digit<range_bins>([&](std::uint32_t bin) { return __ldcg(&s.histogram[bin]); }, shift,
-                         digit_mask, search, pick);
+                         digit_mask, search, storage.pick);
   for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) s.histogram[b] = 0;
   if (threadIdx.x == 0) {
     *s.state = {search, collect ? state.search.matching : state.collected,
@@ -334,8 +349,9 @@ struct range_in_block_storage {
 };
 
 /// A whole-range selection of at most range_in_block_limit candidates in one block: the passes
-/// of select_range_pass_kernel, each over every key and picked in the block, then emit_selected
-/// over the whole range; the cut is {0, m} (keep all) where k >= m. Called by every thread.
+/// of select_range_pass, each over every key and picked in the block, then emit_selected
+/// over the whole range; the cut is {0, m} (keep all) where k >= m. Called by every thread of
+/// one block, which reads every key whatever the grid (channel_min_k_compress's first block).
 template <class Key, int KeyBits, class KeyOf, class Writer>
 __device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std::uint32_t k,
                                       const Writer& visit, range_in_block_storage& s) {
@@ -346,8 +362,9 @@ __device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std:
     for (int pass = 0; pass < digits::passes; ++pass) {
       for (std::uint32_t b = threadIdx.x; b < range_bins; b += block_threads) s.histogram[b] = 0;
       __syncthreads();
-      count_range_digits<false>(key_of, m, search, digits::shift(pass), digits::digit_mask(pass),
-                                s.histogram, static_cast<range_collect_storage<Key>*>(nullptr),
+      count_range_digits<false>(key_of, m, 0, 1, search, digits::shift(pass),
+                                digits::digit_mask(pass), s.histogram,
+                                static_cast<range_collect_storage<Key>*>(nullptr),
                                 static_cast<const range_select_scratch<Key>*>(nullptr));
       __syncthreads();
       // pick_digit ends with a barrier: the histogram is cleared after every thread read it.
@@ -366,35 +383,69 @@ DROPIT_KERNEL void select_range_in_block_kernel(KeyOf key_of, std::uint32_t m, s
   select_range_in_block<Key, KeyBits>(key_of, m, k, visit, storage);
 }
 
-/// Emits the cut of a whole-range selection — the passes' (`state`), or `given` where `state` is
-/// null — span by span: each span counts its keys above and equal to the cut, learns the counts
-/// of the spans before it by look-back, and emits (emit_selected's two halves). Reads every key
-/// twice, the second time from L2 (a span is 64 KiB of float).
+/// A block's shared memory for the emit of the whole-range selection.
+struct range_emit_storage {
+  emit_storage emit;
+  std::uint32_t ticket;
+  std::uint64_t before;  // (above << 32) | equal: totals fit, m < 2^32
+};
+
+/// Emits the cut `c` of a whole-range selection span by span: each span counts its keys above and
+/// equal to the cut, learns the counts of the spans before it by look-back, and emits
+/// (emit_selected's two halves). Reads every key twice, the second time from L2 (a span is 64 KiB
+/// of float). Called by every thread of every block.
 template <class Key, class KeyOf, class Writer>
-DROPIT_KERNEL void select_range_emit_kernel(KeyOf key_of, std::uint64_t m,
-                                            const range_state<Key>* state, cut<Key> given,
-                                            lookback_tiles spans, Writer visit) {
-  __shared__ emit_storage emit;
-  __shared__ std::uint32_t ticket;
-  __shared__ std::uint64_t before;  // (above << 32) | equal: totals fit, m < 2^32
-  const cut<Key> c =
-      state != nullptr ? cut<Key>{state->search.prefix, state->search.needed} : given;
+__device__ void select_range_emit(const KeyOf& key_of, std::uint64_t m, const cut<Key>& c,
+                                  const lookback_tiles& spans, const Writer& visit,
+                                  range_emit_storage& storage) {
   const std::uint64_t span_count = (m + span_size - 1) / span_size;
-  for (std::uint32_t span = next_tile(spans, ticket); span < span_count;
-       span = next_tile(spans, ticket)) {
+  for (std::uint32_t span = next_tile(spans, storage.ticket); span < span_count;
+       span = next_tile(spans, storage.ticket)) {
     const std::uint64_t begin = span * span_size;
     const std::uint64_t end = begin + span_size < m ? begin + span_size : m;
-    count_segments(key_of, c, begin, end, emit);
+    count_segments(key_of, c, begin, end, storage.emit);
     if (threadIdx.x < 32) {
       std::uint64_t total = 0;
       for (int w = 0; w < block_warps; ++w)
-        total += (std::uint64_t{emit.above[w]} << 32) | emit.equal[w];
+        total += (std::uint64_t{storage.emit.above[w]} << 32) | storage.emit.equal[w];
       const std::uint64_t prefix = exclusive_prefix(spans, span, total);
-      if (threadIdx.x == 0) before = prefix;
+      if (threadIdx.x == 0) storage.before = prefix;
     }
     __syncthreads();
-    emit_counted(key_of, c, begin, end, before >> 32, before & 0xffffffffu, emit, visit);
+    emit_counted(key_of, c, begin, end, storage.before >> 32, storage.before & 0xffffffffu,
+                 storage.emit, visit);
   }
+}
+
+/// A whole-range selection of the `k` largest of `m` keys (range_in_block_limit < m < 2^32) in
+/// one cooperative launch: every block resident at once, grid-wide barriers between the phases
+/// where separate launches followed one another. The blocks clear the `zeroed_words` words of
+/// `zeroed` (the passes' histogram and counters, the emit's look-back words), then run each pass
+/// of select_range_pass where 0 < k < m (else the cut needs no search), then select_range_emit.
+/// Any grid is correct; more blocks than the device holds at once cannot be launched. Registers
+/// are budgeted for five blocks per multiprocessor, as the separate pass and emit kernels ran:
+/// left to itself, ptxas kept as many registers and spilled an address it had hoisted.
+template <class Key, int KeyBits, class KeyOf, class Writer>
+DROPIT_KERNEL_RESIDENT(5)
+void select_range_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
+                         range_select_scratch<Key> s, std::uint32_t* zeroed,
+                         std::uint32_t zeroed_words, lookback_tiles spans, Writer visit) {
+  __shared__ range_pass_storage<Key> pass_storage;
+  __shared__ range_emit_storage emit_storage;
+  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  for (std::uint32_t w = blockIdx.x * block_threads + threadIdx.x; w < zeroed_words;
+       w += gridDim.x * block_threads)
+    zeroed[w] = 0;
+  grid.sync();
+  cut<Key> c = cut_without_search<Key>(m, k);
+  if (0 < k && k < m) {
+    for (int pass = 0; pass < range_digits<Key, KeyBits>::passes; ++pass) {
+      select_range_pass<Key, KeyBits>(key_of, m, k, pass, s, pass_storage);
+      grid.sync();  // the pass's digit is picked and its histogram cleared
+    }
+    c = {s.state->search.prefix, s.state->search.needed};
+  }
+  select_range_emit(key_of, std::uint64_t{m}, c, spans, visit, emit_storage);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -597,10 +648,10 @@ DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept
 // Channels.
 
 /// Sum of squares of each run of `channel_score_block` consecutive elements of each channel (in
-/// [outer, inner] order), summed sequentially in double: run_sums[c * runs + r].
+/// [outer, inner] order), summed sequentially in double: run_sums[c * runs + r]. Grid-stride.
 template <class T>
-DROPIT_KERNEL void channel_run_sums_kernel(cache_layout layout, const T* input, std::int64_t runs,
-                                           double* run_sums) {
+__device__ void channel_run_sums(const cache_layout& layout, const T* input, std::int64_t runs,
+                                 double* run_sums) {
   const std::int64_t per_channel = layout.outer * layout.inner;
   const std::int64_t items = layout.channels * runs;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
@@ -624,6 +675,12 @@ DROPIT_KERNEL void channel_run_sums_kernel(cache_layout layout, const T* input, 
   }
 }
 
+template <class T>
+DROPIT_KERNEL void channel_run_sums_kernel(cache_layout layout, const T* input, std::int64_t runs,
+                                           double* run_sums) {
+  channel_run_sums(layout, input, runs, run_sums);
+}
+
 /// Channel `c`'s run sums added in order, as a key ordered like channel_ranks_before: scores are
 /// >= +0, +inf or NaN, whose bits ascend with the score, and every NaN is clamped to one key above
 /// infinity.
@@ -644,25 +701,10 @@ DROPIT_KERNEL void channel_keys_kernel(const double* run_sums, std::int64_t runs
     keys[c] = channel_key(run_sums, runs, c);
 }
 
-/// The channels' keys and their selection in one block, one launch (at most
-/// range_in_block_limit channels): the keys written to `keys`, then select_range_in_block over
-/// them, writing the ascending list of the `k` kept channels.
-template <class = void>
-DROPIT_KERNEL void select_channels_in_block_kernel(const double* run_sums, std::int64_t runs,
-                                                   std::uint32_t channels, std::uint32_t k,
-                                                   std::uint64_t* keys, index_writer list) {
-  __shared__ range_in_block_storage storage;
-  for (std::uint32_t c = threadIdx.x; c < channels; c += block_threads)
-    keys[c] = channel_key(run_sums, runs, c);
-  __syncthreads();  // the block's global writes are seen by the block after it
-  select_range_in_block<std::uint64_t, 64>(stored_keys<std::uint64_t>{keys}, channels, k, list,
-                                           storage);
-}
-
-/// values[(o * kept + j) * inner + r] = input[(o * channels + list[j]) * inner + r].
+/// values[(o * kept + j) * inner + r] = input[(o * channels + list[j]) * inner + r]. Grid-stride.
 template <class T>
-DROPIT_KERNEL void channel_gather_kernel(cache_layout layout, const T* input,
-                                         const std::uint32_t* list, T* values) {
+__device__ void channel_gather(const cache_layout& layout, const T* input,
+                               const std::uint32_t* list, T* values) {
   const std::int64_t count = layout.outer * layout.kept_channels * layout.inner;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
@@ -670,6 +712,40 @@ DROPIT_KERNEL void channel_gather_kernel(cache_layout layout, const T* input,
   channel_walk at(start, stride, layout.kept_channels, layout.inner);
   for (std::int64_t e = start; e < count; e += stride, at.advance())
     values[e] = input[(at.o * layout.channels + list[at.c]) * layout.inner + at.r];
+}
+
+template <class T>
+DROPIT_KERNEL void channel_gather_kernel(cache_layout layout, const T* input,
+                                         const std::uint32_t* list, T* values) {
+  channel_gather(layout, input, list, values);
+}
+
+/// Channel min-k's compress of at most range_in_block_limit channels in one cooperative launch,
+/// grid-wide barriers between its phases: the run sums over every block; the first block's
+/// channel keys (written to `keys`) and select_range_in_block over them, writing the ascending
+/// list of the kept channels to `list` while the other blocks wait; the gather of the kept
+/// channels' values over every block. Any grid is correct; more blocks than the device holds at
+/// once cannot be launched.
+template <class T>
+DROPIT_KERNEL_RESIDENT(5)
+void channel_min_k_compress_kernel(cache_layout layout, const T* input, std::int64_t runs,
+                                   double* run_sums, std::uint64_t* keys, std::uint32_t* list,
+                                   T* values) {
+  __shared__ range_in_block_storage storage;
+  const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
+  channel_run_sums(layout, input, runs, run_sums);
+  grid.sync();
+  if (blockIdx.x == 0) {
+    const auto channels = static_cast<std::uint32_t>(layout.channels);
+    for (std::uint32_t c = threadIdx.x; c < channels; c += block_threads)
+      keys[c] = channel_key(run_sums, runs, c);
+    __syncthreads();  // the block's global writes are seen by the block after it
+    select_range_in_block<std::uint64_t, 64>(stored_keys<std::uint64_t>{keys}, channels,
+                                             static_cast<std::uint32_t>(layout.kept_channels),
+                                             index_writer{list}, storage);
+  }
+  grid.sync();
+  channel_gather(layout, input, list, values);
 }
 
 /// slot_of[list[j]] = j (slot_of filled with -1 beforehand).
