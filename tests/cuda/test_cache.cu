@@ -265,7 +265,7 @@ TEST_CASE("cuda: the look-back densify is correct with fewer blocks than tiles")
 }
 
 // The whole-tensor selection's blocks take the passes' iterations grid-stride and the emit's spans
-// by ticket, so any grid is correct: 1, 2 and 3 blocks for 12 spans, values spread over many
+// by ticket, so any grid is correct: 1, 2 and 3 blocks for 13 spans, values spread over many
 // octaves (the bin holding the cut collected) and in one (not collected). The backend launches a
 // block per span up to what the device holds at once, so only tensors larger than that (over ten
 // million elements on an H100) have a block take a second span.

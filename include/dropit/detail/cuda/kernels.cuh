@@ -430,8 +430,10 @@ DROPIT_KERNEL_RESIDENT(5)
 void select_range_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
                          range_select_scratch<Key> s, std::uint32_t* zeroed,
                          std::uint32_t zeroed_words, lookback_tiles spans, Writer visit) {
-  __shared__ range_pass_storage<Key> pass_storage;
-  __shared__ range_emit_storage emit_storage;
+  __shared__ union {  // the passes' and the emit's, one after the other
+    range_pass_storage<Key> pass;
+    range_emit_storage emit;
+  } storage;
   const cooperative_groups::grid_group grid = cooperative_groups::this_grid();
   for (std::uint32_t w = blockIdx.x * block_threads + threadIdx.x; w < zeroed_words;
        w += gridDim.x * block_threads)
@@ -440,12 +442,12 @@ void select_range_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
   cut<Key> c = cut_without_search<Key>(m, k);
   if (0 < k && k < m) {
     for (int pass = 0; pass < range_digits<Key, KeyBits>::passes; ++pass) {
-      select_range_pass<Key, KeyBits>(key_of, m, k, pass, s, pass_storage);
+      select_range_pass<Key, KeyBits>(key_of, m, k, pass, s, storage.pass);
       grid.sync();  // the pass's digit is picked and its histogram cleared
     }
     c = {s.state->search.prefix, s.state->search.needed};
   }
-  select_range_emit(key_of, std::uint64_t{m}, c, spans, visit, emit_storage);
+  select_range_emit(key_of, std::uint64_t{m}, c, spans, visit, storage.emit);
 }
 
 // ---------------------------------------------------------------------------------------------
