@@ -42,8 +42,11 @@ if(DROPIT_BUILD_CUDA)
 
   # dropit::cuda_instances: the operations compiled by nvcc for every storage type
   # (include/dropit/cuda_instances.cu, added to the consumer's sources), so that code compiled by
-  # the host compiler calls them through dropit/cuda.hpp. Link it into one target per program.
+  # the host compiler calls them through dropit/cuda.hpp, and the consumer's own nvcc translation
+  # units declare them extern (DROPIT_CUDA_INSTANCES) instead of compiling every kernel again.
+  # Link it into one target per program.
   dropit_instances_library(cuda_instances cuda_instances.cu)
+  target_compile_definitions(dropit_cuda_instances INTERFACE DROPIT_CUDA_INSTANCES)
   target_link_libraries(dropit_cuda_instances INTERFACE dropit_cuda)
   dropit_install_component(cuda TARGETS dropit_cuda dropit_cuda_instances
                            CONFIG ${CMAKE_CURRENT_LIST_DIR}/dropit-cuda.cmake.in)

@@ -119,4 +119,43 @@ void backend_ops<cuda_backend>::apply_relu_mask_channels_last(const cuda_backend
   cuda::apply_relu_mask_channels_last<T>(backend.stream, words, dy, dx, d);
 }
 
+// The CUDA operations for every storage type, as explicit instantiations: declared (extern) in the
+// nvcc translation units of a program that defines DROPIT_CUDA_INSTANCES, defined once in
+// dropit/cuda_instances.cu. Such a program compiles every kernel (each selection, type and
+// architecture) once instead of in every translation unit that reaches them.
+#define DROPIT_CUDA_OPERATIONS(kind, T)                                                            \
+  kind std::size_t backend_ops<cuda_backend>::compress_workspace_bytes<T>(                         \
+      const cuda_backend&, const cache_layout&, const std::optional<channels_last_dims>&);         \
+  kind void backend_ops<cuda_backend>::compress<T>(const cuda_backend&, const T*,                  \
+                                                   const std::optional<channels_last_dims>&,       \
+                                                   const cache_view<T>&, workspace);               \
+  kind std::size_t backend_ops<cuda_backend>::densify_workspace_bytes<T>(const cuda_backend&,      \
+                                                                         const cache_layout&);     \
+  kind void backend_ops<cuda_backend>::densify<T>(const cuda_backend&, const cache_view<const T>&, \
+                                                  T*, workspace);                                  \
+  kind std::size_t backend_ops<cuda_backend>::linear_weight_grad_workspace_bytes<T>(               \
+      const cuda_backend&, const cache_layout&, const linear_dims&);                               \
+  kind void backend_ops<cuda_backend>::linear_weight_grad<T>(                                      \
+      const cuda_backend&, const cache_view<const T>&, const T*, T*, const linear_dims&,           \
+      grad_mode, workspace);                                                                       \
+  kind std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes<T>(               \
+      const cuda_backend&, const cache_layout&, const conv2d_geometry&);                           \
+  kind void backend_ops<cuda_backend>::conv2d_weight_grad<T>(                                      \
+      const cuda_backend&, const cache_view<const T>&, const T*, T*, const conv2d_geometry&,       \
+      grad_mode, workspace);                                                                       \
+  kind void backend_ops<cuda_backend>::pack_relu_mask<T>(const cuda_backend&, const T*, T*,        \
+                                                         std::int64_t, std::uint32_t*);            \
+  kind void backend_ops<cuda_backend>::apply_relu_mask<T>(                                         \
+      const cuda_backend&, const std::uint32_t*, const T*, T*, std::int64_t);                      \
+  kind void backend_ops<cuda_backend>::pack_relu_mask_channels_last<T>(                            \
+      const cuda_backend&, const T*, T*, const channels_last_dims&, std::uint32_t*);               \
+  kind void backend_ops<cuda_backend>::apply_relu_mask_channels_last<T>(                           \
+      const cuda_backend&, const std::uint32_t*, const T*, T*, const channels_last_dims&);
+
+#if defined(DROPIT_CUDA_INSTANCES)
+DROPIT_CUDA_OPERATIONS(extern template, float)
+DROPIT_CUDA_OPERATIONS(extern template, half)
+DROPIT_CUDA_OPERATIONS(extern template, bfloat16)
+#endif
+
 }  // namespace dropit::detail
