@@ -21,11 +21,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <type_traits>
-#include <unordered_map>
-#include <vector>
 
 #include "../../cache.hpp"
 #include "../../policy.hpp"
@@ -39,32 +36,6 @@ namespace dropit::detail::cuda {
 
 // ---------------------------------------------------------------------------------------------
 // What the runtime says of a kernel on a device, asked once.
-
-/// `compute(device)` for the current device: computed once per process and device, under a lock
-/// (`compute` may set an attribute every thread's launches rely on), then read from a per-thread
-/// copy, so that later calls ask the runtime nothing but the current device and take no lock.
-/// Each caller's `compute` (a lambda: a type of its own, in each instantiation of its caller) has
-/// values of its own.
-template <class Compute>
-std::size_t once_per_device(const Compute& compute, const char* name) {
-  int device = 0;
-  check(cudaGetDevice(&device), name);
-  thread_local std::vector<std::optional<std::size_t>> known;  // this thread's, by device
-  const auto slot = static_cast<std::size_t>(device);
-  if (slot < known.size() && known[slot]) return *known[slot];
-  static std::mutex mutex;
-  static std::unordered_map<int, std::size_t> computed;  // by device
-  std::size_t value = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mutex);
-    const auto found = computed.find(device);
-    value = found != computed.end() ? found->second
-                                    : computed.emplace(device, compute(device)).first->second;
-  }
-  if (known.size() <= slot) known.resize(slot + 1);
-  known[slot] = value;
-  return value;
-}
 
 /// Whether `Kernel` can be launched with `bytes` of dynamic shared memory on the current device.
 /// Its attribute is raised to the device's limit once and never lowered, so that a launch on one

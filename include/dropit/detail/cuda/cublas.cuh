@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include "../../backend.hpp"
 #include "../../types.hpp"
@@ -46,20 +45,14 @@ struct cublas_library {
 
 /// The workspace cuBLAS gets on the current device, as PyTorch gives it (its
 /// CUBLAS_WORKSPACE_CONFIG default): 32 MiB from Hopper (compute capability 9) on, 8 MiB + 128 KiB
-/// before. Asked once per thread and device.
+/// before. Asked once per device.
 inline std::size_t cublas_workspace_bytes(const char* what) {
-  int device = 0;
-  check(cudaGetDevice(&device), what);
-  thread_local std::vector<std::size_t> by_device;
-  const auto slot = static_cast<std::size_t>(device);
-  if (by_device.size() <= slot) by_device.resize(slot + 1, 0);
-  std::size_t& bytes = by_device[slot];
-  if (bytes == 0) {
+  const auto bytes_for = [what](int device) {
     int major = 0;
     check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), what);
-    bytes = major >= 9 ? std::size_t{32} << 20 : (std::size_t{4096} * 2 + 16 * 8) << 10;
-  }
-  return bytes;
+    return major >= 9 ? std::size_t{32} << 20 : (std::size_t{4096} * 2 + 16 * 8) << 10;
+  };
+  return once_per_device(bytes_for, what);
 }
 
 /// cuBLAS requires its workspace aligned to 256 bytes; the carved segment has the slack for it.

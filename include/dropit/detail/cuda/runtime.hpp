@@ -6,6 +6,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
+#include <vector>
 
 #include "../../config.hpp"
 
@@ -54,6 +58,32 @@ inline void expect_device_accessible(const void* pointer, std::size_t bytes, con
   check(cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, device), what);
   expect(pageable != 0, what, " points to pageable host memory, which device ", device,
          " cannot access; expected device, managed or pinned memory");
+}
+
+/// `compute(device)` for the current device: computed once per process and device, under a lock
+/// (`compute` may set an attribute every thread's launches rely on), then read from a per-thread
+/// copy, so that later calls ask the runtime nothing but the current device and take no lock.
+/// Each caller's `compute` (a lambda: a type of its own, in each instantiation of its caller) has
+/// values of its own.
+template <class Compute>
+std::size_t once_per_device(const Compute& compute, const char* name) {
+  int device = 0;
+  check(cudaGetDevice(&device), name);
+  thread_local std::vector<std::optional<std::size_t>> known;  // this thread's, by device
+  const auto slot = static_cast<std::size_t>(device);
+  if (slot < known.size() && known[slot]) return *known[slot];
+  static std::mutex mutex;
+  static std::unordered_map<int, std::size_t> computed;  // by device
+  std::size_t value = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    const auto found = computed.find(device);
+    value = found != computed.end() ? found->second
+                                    : computed.emplace(device, compute(device)).first->second;
+  }
+  if (known.size() <= slot) known.resize(slot + 1);
+  known[slot] = value;
+  return value;
 }
 
 }  // namespace dropit::detail::cuda
