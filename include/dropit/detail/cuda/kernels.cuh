@@ -123,11 +123,12 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
       }
       __syncthreads();
       const staged_keys<Selection, item> keys{staged};
-      emit_selected(keys, block_select<key_bits>(keys, length, k, select_storage), 0, length, 0, 0,
-                    emit, visit);
+      emit_selected<std::uint32_t>(keys, block_select<key_bits>(keys, length, k, select_storage), 0,
+                                   length, 0, 0, emit, visit);
     } else {
-      emit_selected(key_of, block_select<key_bits>(key_of, length, k, select_storage), 0, length, 0,
-                    0, emit, visit);
+      emit_selected<std::uint32_t>(key_of,
+                                   block_select<key_bits>(key_of, length, k, select_storage), 0,
+                                   length, 0, 0, emit, visit);
     }
   }
 }

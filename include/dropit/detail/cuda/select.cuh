@@ -84,9 +84,9 @@ struct staged_keys {
     else
       return item;
   }
-  __device__ std::uint32_t operator()(std::uint64_t i) const { return key_of_item(items[i]); }
+  __device__ std::uint32_t operator()(std::uint32_t i) const { return key_of_item(items[i]); }
   /// Keys i .. i+3 from one vector load (`i` a multiple of 4; the items are 16-byte aligned).
-  __device__ void four(std::uint64_t i, std::uint32_t (&keys)[4]) const {
+  __device__ void four(std::uint32_t i, std::uint32_t (&keys)[4]) const {
     const auto loaded = *reinterpret_cast<const four_items<Staged>*>(items + i);
 #pragma unroll
     for (int j = 0; j < 4; ++j) keys[j] = key_of_item(loaded.item[j]);
@@ -101,7 +101,7 @@ struct staged_keys {
 /// multiple of 4.
 template <class KeyOf>
 concept loads_four_keys = requires(const KeyOf& key_of, std::uint32_t (&keys)[4]) {
-  key_of.four(std::uint64_t{0}, keys);
+  key_of.four(std::uint32_t{0}, keys);
 };
 
 /// Four keys `key_of(i .. i+3)`, those at `end` or beyond read as 0 (callers test the index).
@@ -109,8 +109,8 @@ template <class Key, class KeyOf>
 __device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std::uint64_t end,
                                       Key (&keys)[4]) {
   if constexpr (loads_four_keys<KeyOf>) {
-    if (i + 4 <= end) {
-      key_of.four(i, keys);
+    if (i + 4 <= end) {  // shared memory: a 32-bit index
+      key_of.four(static_cast<std::uint32_t>(i), keys);
       return;
     }
   }
@@ -121,8 +121,8 @@ __device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std:
 /// Keys stored in shared memory (a chunk's candidates).
 struct shared_keys {
   const std::uint32_t* keys;
-  __device__ std::uint32_t operator()(std::uint64_t i) const { return keys[i]; }
-  __device__ void four(std::uint64_t i, std::uint32_t (&out)[4]) const {
+  __device__ std::uint32_t operator()(std::uint32_t i) const { return keys[i]; }
+  __device__ void four(std::uint32_t i, std::uint32_t (&out)[4]) const {
     const auto loaded = *reinterpret_cast<const four_items<std::uint32_t>*>(keys + i);
 #pragma unroll
     for (int j = 0; j < 4; ++j) out[j] = loaded.item[j];
@@ -147,12 +147,16 @@ struct digit_pick_storage {
   std::uint32_t digit, needed, matching;
 };
 
+/// Bins past a histogram's own, one per lane: a radix pass adds every key it does not count
+/// there, so that its atomics take no branch. Never read.
+inline constexpr std::uint32_t discard_bins = 32;
+
 struct block_select_storage {
   union alignas(16) {
-    std::uint32_t histogram[chunk_bins];   // passes over every key
+    std::uint32_t histogram[chunk_bins + discard_bins];  // passes over every key
     std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin, once it is chosen
   };
-  std::uint32_t candidate_histogram[candidate_bins];  // passes over the candidates
+  std::uint32_t candidate_histogram[candidate_bins + discard_bins];  // passes over the candidates
   digit_pick_storage pick;
   std::uint32_t candidate_count;
 };
@@ -218,31 +222,49 @@ template <class KeyOf>
 inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
 
 /// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
-/// search's prefix into `histogram` (`Bins` bins; digit 0 uncounted), then narrows the search to
-/// the bin holding the cut (pick_digit). Called by every thread of the block.
+/// search's prefix into `histogram` (`Bins` bins, then `discard_bins`; digit 0 uncounted), then
+/// narrows the search to the bin holding the cut (pick_digit). Called by every thread of the block.
 template <int Bins, class KeyOf>
 __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
                            std::uint32_t digit_mask, cut_search<std::uint32_t>& search,
                            std::uint32_t* histogram, block_select_storage& s) {
   for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
   __syncthreads();
-  // Every key of a batch is loaded before the first is counted: the loads overlap instead of
-  // each waiting behind an atomic.
+  // A key not counted goes to this lane's discard bin, so that the atomics take no branch.
+  const std::uint32_t discard = Bins + (threadIdx.x & 31u);
+  const auto count = [&](std::uint32_t key, bool exists) {
+    const std::uint32_t digit = (key >> shift) & digit_mask;
+    const bool counted = exists && (key & search.mask) == search.prefix && digit != 0;
+    atomicAdd(&histogram[counted ? digit : discard], 1u);
+  };
   constexpr int batch = count_batch<KeyOf>;
-  for (std::uint32_t base = batch * threadIdx.x; base < length; base += batch * block_threads) {
+  constexpr std::uint32_t stride = batch * block_threads;
+  std::uint32_t base = batch * threadIdx.x;
+  // Whole batches, then the one the end cuts short (if any). Every key of a batch is loaded before
+  // the first is counted: the loads overlap instead of each waiting behind an atomic.
+  for (; base + batch <= length; base += stride) {
+    std::uint32_t keys[batch / 4][4];
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v) {
+      if constexpr (loads_four_keys<KeyOf>)
+        key_of.four(base + 4 * v, keys[v]);
+      else
+#pragma unroll
+        for (int j = 0; j < 4; ++j) keys[v][j] = key_of(base + 4 * v + j);
+    }
+#pragma unroll
+    for (int v = 0; v < batch / 4; ++v)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) count(keys[v][j], true);
+  }
+  if (base < length) {
     std::uint32_t keys[batch / 4][4];
 #pragma unroll
     for (int v = 0; v < batch / 4; ++v) load_four_keys(key_of, base + 4 * v, length, keys[v]);
 #pragma unroll
-    for (int v = 0; v < batch / 4; ++v) {
+    for (int v = 0; v < batch / 4; ++v)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const std::uint32_t key = keys[v][j];
-        const std::uint32_t digit = (key >> shift) & digit_mask;
-        if (base + 4 * v + j < length && (key & search.mask) == search.prefix && digit != 0)
-          atomicAdd(&histogram[digit], 1u);
-      }
-    }
+      for (int j = 0; j < 4; ++j) count(keys[v][j], base + 4 * v + j < length);
   }
   __syncthreads();
   pick_digit<Bins>([&](std::uint32_t bin) { return histogram[bin]; }, shift, digit_mask, search,
@@ -266,41 +288,69 @@ __device__ void finish_search(const KeyOf& key_of, std::uint32_t length, int low
 
 /// Candidates a warp takes at once when it walks a range (collect_candidates, emit_selected): four
 /// rounds of 32 consecutive ones, lane l holding candidates group + l, group + 32 + l, ... — each
-/// round's loads are coalesced (conflict-free in shared memory) and its votes are one ballot.
+/// round's loads are coalesced (conflict-free in shared memory) and its votes are one ballot, which
+/// the emit needs (a round's ballot is its bitmask word). Passes that only count or collect keys in
+/// shared memory take four consecutive ones per lane instead: one vector load.
 inline constexpr int emit_rounds = 4;
 inline constexpr std::uint32_t emit_group = 32 * emit_rounds;
+inline constexpr int block_warps = block_threads / 32;
 
 __device__ inline std::uint32_t lanes_below_mask() { return (1u << (threadIdx.x & 31u)) - 1u; }
 
 /// Appends the keys matching the search's prefix to `s.candidates` (in no particular order).
-/// Called by every thread of the block; there must be room for every matching key.
+/// Called by every thread of the block; there must be room for every matching key. A warp takes
+/// 128 keys at a time: four consecutive ones per lane where that is one vector load (shared
+/// memory), else round j's 32 consecutive ones, one per lane (coalesced global loads).
 template <class KeyOf>
 __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
                                    const cut_search<std::uint32_t>& search,
                                    block_select_storage& s) {
   const unsigned lane = threadIdx.x & 31u;
   const std::uint32_t lanes_below = lanes_below_mask();
-  // Warp by warp, so that all 32 lanes take part in every vote.
-  for (std::uint32_t group = emit_group * (threadIdx.x / 32); group < length;
-       group += emit_group * (block_threads / 32)) {
-    std::uint32_t keys[emit_rounds], votes[emit_rounds], total = 0;
-#pragma unroll
-    for (int j = 0; j < emit_rounds; ++j) {
-      const std::uint32_t i = group + 32 * j + lane;
-      const bool exists = i < length;
-      keys[j] = key_of(exists ? i : 0u);  // loads without a branch, so that they overlap
-      votes[j] = __ballot_sync(0xffffffffu, exists && (keys[j] & search.mask) == search.prefix);
-      total += __popc(votes[j]);
-    }
-    if (total == 0) continue;  // uniform across the warp
+  constexpr bool vector = loads_four_keys<KeyOf>;
+  const auto index = [&](std::uint32_t group, int j) {
+    return vector ? group + 4 * lane + j : group + 32 * j + lane;
+  };
+  // Appends this lane's keys j whose bit is set in votes[j] (the warp's ballots).
+  const auto append = [&](const std::uint32_t(&keys)[4], const std::uint32_t(&votes)[4]) {
+    const std::uint32_t total =
+        __popc(votes[0]) + __popc(votes[1]) + __popc(votes[2]) + __popc(votes[3]);
+    if (total == 0) return;  // uniform across the warp
     std::uint32_t slot = 0;
     if (lane == 0) slot = atomicAdd(&s.candidate_count, total);
     slot = __shfl_sync(0xffffffffu, slot, 0);
 #pragma unroll
-    for (int j = 0; j < emit_rounds; ++j) {
+    for (int j = 0; j < 4; ++j) {
       if ((votes[j] >> lane) & 1u) s.candidates[slot + __popc(votes[j] & lanes_below)] = keys[j];
       slot += __popc(votes[j]);
     }
+  };
+  const auto matches = [&](std::uint32_t key) { return (key & search.mask) == search.prefix; };
+  // Warp by warp, so that all 32 lanes take part in every vote: whole groups, then the one the
+  // end cuts short (if any).
+  constexpr std::uint32_t stride = emit_group * block_warps;
+  std::uint32_t group = emit_group * (threadIdx.x / 32);
+  std::uint32_t keys[4], votes[4];
+  for (; group + emit_group <= length; group += stride) {
+    if constexpr (vector)
+      key_of.four(index(group, 0), keys);
+    else
+#pragma unroll
+      for (int j = 0; j < 4; ++j) keys[j] = key_of(index(group, j));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
+    append(keys, votes);
+  }
+  if (group < length) {
+    if constexpr (vector)
+      load_four_keys(key_of, index(group, 0), length, keys);
+    else
+#pragma unroll
+      for (int j = 0; j < 4; ++j) keys[j] = index(group, j) < length ? key_of(index(group, j)) : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      votes[j] = __ballot_sync(0xffffffffu, index(group, j) < length && matches(keys[j]));
+    append(keys, votes);
   }
 }
 
@@ -330,8 +380,6 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
 // ---------------------------------------------------------------------------------------------
 // Emitting a cut.
 
-inline constexpr int block_warps = block_threads / 32;
-
 struct emit_storage {
   std::uint32_t above[block_warps];  // keys above the cut in each warp's segment
   std::uint32_t equal[block_warps];  // keys equal to it
@@ -339,10 +387,12 @@ struct emit_storage {
 
 /// One group of candidates as emit_selected hands it to a visitor (called by all 32 lanes of the
 /// warp together). Round j of the group is the 32 candidates first + 32 j .. first + 32 j + 31;
-/// this lane holds candidate first + `offset(j)` of each round.
+/// this lane holds candidate first + `offset(j)` of each round. `Index` counts candidates (32 bits
+/// within a chunk, so that writers address with one multiply-add).
+template <class Index>
 struct emitted_group {
-  std::uint64_t first;  // the group's first candidate
-  std::uint64_t slot;   // slots taken before the group since the selection's start
+  Index first;          // the group's first candidate
+  Index slot;           // slots taken before the group since the selection's start
   std::uint32_t count;  // candidates of the group that exist (128 but in a segment's last group)
   std::uint32_t kept[emit_rounds];    // bit l: candidate first + 32 j + l is kept (the same in
                                       // every lane: round j's bitmask word)
@@ -388,14 +438,40 @@ __device__ void count_segments(const KeyOf& key_of, cut<Key> c, std::uint64_t be
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
   const warp_segment seg(begin, end);
   std::uint32_t above = 0, equal = 0;
-  for (std::uint32_t group = 0; group < seg.count; group += emit_group) {
+  if constexpr (loads_four_keys<KeyOf>) {
+    // Keys in shared memory: four consecutive ones per lane, one vector load (the order of the
+    // keys does not matter to a count); 32-bit indices, `begin` a multiple of 4 (the vector
+    // loads' alignment; select_chunks_kernel's ranges start at 0).
+    const auto first = static_cast<std::uint32_t>(seg.first) + 4 * lane;
+    std::uint32_t group = 0, keys[4];
+    // Whole groups, then the one the segment's end cuts short (if any).
+    for (; group + emit_group <= seg.count; group += emit_group) {
+      key_of.four(first + group, keys);
 #pragma unroll
-    for (int j = 0; j < emit_rounds; ++j) {
-      const std::uint32_t offset = group + 32 * j + lane;
-      const bool exists = offset < seg.count;
-      const Key key = key_of(seg.first + (exists ? offset : 0u));  // no branch: the loads overlap
-      above += exists && key > c.key ? 1u : 0u;
-      equal += exists && key == c.key ? 1u : 0u;
+      for (int j = 0; j < 4; ++j) {
+        above += keys[j] > c.key;
+        equal += keys[j] == c.key;
+      }
+    }
+    if (group < seg.count) {
+      load_four_keys(key_of, first + group, seg.first + seg.count, keys);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool exists = group + 4 * lane + j < seg.count;
+        above += exists && keys[j] > c.key;
+        equal += exists && keys[j] == c.key;
+      }
+    }
+  } else {
+    for (std::uint32_t group = 0; group < seg.count; group += emit_group) {
+#pragma unroll
+      for (int j = 0; j < emit_rounds; ++j) {
+        const std::uint32_t offset = group + 32 * j + lane;
+        const bool exists = offset < seg.count;
+        const Key key = key_of(seg.first + (exists ? offset : 0u));  // no branch: loads overlap
+        above += exists && key > c.key ? 1u : 0u;
+        equal += exists && key == c.key ? 1u : 0u;
+      }
     }
   }
   above = warp_sum(above);
@@ -409,30 +485,36 @@ __device__ void count_segments(const KeyOf& key_of, cut<Key> c, std::uint64_t be
 
 /// The second half of emit_selected, after count_segments over the same range: calls
 /// `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys above /
-/// equal to the cut before `begin`. Called by every thread of the block; ends with a barrier.
-template <class Key, class KeyOf, class Visit>
-__device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
-                             std::uint64_t end, std::uint64_t above_before,
-                             std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
+/// equal to the cut before `begin`. `Index` holds candidate indices and slots: 32 bits where the
+/// range is a chunk. Called by every thread of the block; ends with a barrier.
+template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
+__device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
+                             std::type_identity_t<Index> end,
+                             std::type_identity_t<Index> above_before,
+                             std::type_identity_t<Index> equal_before, emit_storage& s,
+                             const Visit& visit) {
   const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
   const warp_segment seg(begin, end);
-  const std::uint64_t first = seg.first;
+  const auto first = static_cast<Index>(seg.first);
   const std::uint32_t count = seg.count;
+  const auto ties = static_cast<Index>(c.ties);  // at most the range's length
   const std::uint32_t lanes_below = lanes_below_mask();
   for (unsigned w = 0; w < warp; ++w) {
     above_before += s.above[w];
     equal_before += s.equal[w];
   }
-  for (std::uint32_t group = 0; group < count; group += emit_group) {  // uniform in the warp
-    emitted_group g;
+  // One group: whole (128 candidates, no index tested) or the segment's last, cut short.
+  const auto emit_one = [&](std::uint32_t group, auto whole_group) {  // uniform in the warp
+    constexpr bool whole = decltype(whole_group)::value;
+    emitted_group<Index> g;
     g.first = first + group;
-    g.count = count - group < emit_group ? count - group : emit_group;
+    g.count = whole ? emit_group : count - group;
     std::uint32_t equal_votes[emit_rounds], above_total = 0, equal_total = 0;
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j) {
-      const std::uint32_t offset = group + 32 * j + lane;
-      const bool exists = offset < count;
-      const Key key = key_of(first + (exists ? offset : 0u));
+      const std::uint32_t offset = 32 * j + lane;
+      const bool exists = whole || offset < g.count;
+      const Key key = key_of(g.first + (exists ? offset : 0u));  // no branch: the loads overlap
       g.kept[j] = __ballot_sync(0xffffffffu, exists && key > c.key);
       equal_votes[j] = __ballot_sync(0xffffffffu, exists && key == c.key);
       above_total += __popc(g.kept[j]);
@@ -440,13 +522,13 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::uint64_t begi
     }
     // The ties kept are the first ones: those of rank below c.ties. (Rare: a cut's key is
     // usually held by one candidate of the chunk.)
-    if (equal_total != 0 && equal_before < c.ties) {  // uniform in the warp
-      std::uint64_t rank = equal_before;
+    if (equal_total != 0 && equal_before < ties) {  // uniform in the warp
+      Index rank = equal_before;
 #pragma unroll
       for (int j = 0; j < emit_rounds; ++j) {
         const bool tie = (equal_votes[j] >> lane) & 1u;
         g.kept[j] |=
-            __ballot_sync(0xffffffffu, tie && rank + __popc(equal_votes[j] & lanes_below) < c.ties);
+            __ballot_sync(0xffffffffu, tie && rank + __popc(equal_votes[j] & lanes_below) < ties);
         rank += __popc(equal_votes[j]);
       }
     }
@@ -456,11 +538,14 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::uint64_t begi
       g.before[j] = kept_before + __popc(g.kept[j] & lanes_below);
       kept_before += __popc(g.kept[j]);
     }
-    g.slot = above_before + (equal_before < c.ties ? equal_before : c.ties);
+    g.slot = above_before + (equal_before < ties ? equal_before : ties);
     visit(g);
     above_before += above_total;
     equal_before += equal_total;
-  }
+  };
+  std::uint32_t group = 0;
+  for (; group + emit_group <= count; group += emit_group) emit_one(group, std::true_type{});
+  if (group < count) emit_one(group, std::false_type{});
   __syncthreads();  // before the counts are written again
 }
 
@@ -470,13 +555,15 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::uint64_t begi
 /// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
 /// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
 /// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
-/// a multiple of 32 for bitmask writers.
-template <class Key, class KeyOf, class Visit>
-__device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
-                              std::uint64_t end, std::uint64_t above_before,
-                              std::uint64_t equal_before, emit_storage& s, const Visit& visit) {
+/// a multiple of 32 for bitmask writers. `Index`: as emit_counted's.
+template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
+__device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
+                              std::type_identity_t<Index> end,
+                              std::type_identity_t<Index> above_before,
+                              std::type_identity_t<Index> equal_before, emit_storage& s,
+                              const Visit& visit) {
   count_segments(key_of, c, begin, end, s);
-  emit_counted(key_of, c, begin, end, above_before, equal_before, s, visit);
+  emit_counted<Index>(key_of, c, begin, end, above_before, equal_before, s, visit);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -491,7 +578,8 @@ struct value_writer {
   __device__ value_writer at(const cache_layout& layout, std::int64_t chunk) const {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk)};
   }
-  __device__ void operator()(const emitted_group& g) const {
+  template <class Group>
+  __device__ void operator()(const Group& g) const {
     const T* in = data + g.first;  // 32-bit offsets from the group's first candidate and slot
     T* out = values + g.slot;
 #pragma unroll
@@ -510,7 +598,8 @@ struct bitmask_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             words + layout.mask_word_begin(chunk)};
   }
-  __device__ void operator()(const emitted_group& g) const {
+  template <class Group>
+  __device__ void operator()(const Group& g) const {
     value_writer<T>{data, values}(g);
     // Lane j < 4 stores round j's ballot, word j of the group, if its first candidate exists.
     const unsigned lane = threadIdx.x & 31u;
@@ -529,7 +618,8 @@ struct offset_writer {
     return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
             offsets + layout.values_begin(chunk)};
   }
-  __device__ void operator()(const emitted_group& g) const {
+  template <class Group>
+  __device__ void operator()(const Group& g) const {
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j) {
       if (g.is_kept(j)) {
@@ -552,7 +642,8 @@ struct dense_writer {
     return {values + layout.values_begin(chunk), out + layout.chunk_begin(chunk), layout.rescale,
             layout.value_scale(chunk)};
   }
-  __device__ void operator()(const emitted_group& g) const {
+  template <class Group>
+  __device__ void operator()(const Group& g) const {
     const T* in = values + g.slot;
     Out* dense = out + g.first;
 #pragma unroll
@@ -566,7 +657,8 @@ struct dense_writer {
 /// The ascending list of kept candidates (channels).
 struct index_writer {
   std::uint32_t* list;
-  __device__ void operator()(const emitted_group& g) const {
+  template <class Group>
+  __device__ void operator()(const Group& g) const {
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j)
       if (g.is_kept(j))
