@@ -145,6 +145,29 @@ TEST_CASE_TEMPLATE("cuda: kept ties ending at an emit group or warp segment boun
   }
 }
 
+// ReLU outputs: half the elements +0, the rest positive over a few octaves. Below γ = 0.5 the cut
+// falls among the zeros, whose radix bin (digit 0, which the passes leave uncounted) holds more
+// keys than the candidate buffer: the passes then run over every key, most of them outside the
+// bin, and the kept zeros are the first ones. Above it the cut falls among the positive values.
+// Chunks of 2^16 take the path that reads the keys from global memory (float32: no room to stage).
+TEST_CASE_TEMPLATE("cuda: ReLU outputs, the cut among the zeros or above them", T, float,
+                   dropit::half, dropit::bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t n = 16384 + 333;  // a whole default chunk and a tail
+  std::mt19937_64 rng(17);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<T> x(static_cast<std::size_t>(n));
+  for (auto& v : x) v = rng() % 2 ? T{} : test::make<T>(std::fabs(normal(rng)) + 1e-3);
+  for (std::int64_t d : {1000, 16384, 65536})
+    for (double gamma : {0.3, 0.5, 0.9}) {
+      CAPTURE(d);
+      CAPTURE(gamma);
+      check_parity(x, {n}, policy<chunked_min_k_selection>{{gamma, d}}, gpu);
+      check_parity(x, {n}, policy<random_selection>{{.gamma = gamma, .seed = 5, .chunk_size = d}},
+                   gpu);
+    }
+}
+
 // Min-k over a whole tensor of more spans than one warp of the emit's look-back reads at once
 // (32) and more tiles of mask words than the densify's: the radix passes with the bin holding the
 // cut collected (values spread over many octaves) and not collected (values in [1, 2): an eighth
