@@ -6,7 +6,7 @@
 #include <set>
 #include <thread>
 
-#include <dropit/detail/common/channel_walk.hpp>
+#include <dropit/detail/common/index_walk.hpp>
 
 #include "helpers.hpp"
 
@@ -245,21 +245,52 @@ TEST_CASE("the CPU loops run the instruction set DROPIT_CPU_ISA allows, at most"
 #endif
 }
 
-TEST_CASE("channel_walk keeps the position the divisions give, step after step") {
-  // The CUDA channel kernels' division-free walk, against e / inner / channels and the remainders.
-  for (const std::int64_t channels : {1, 3, 7, 256})
-    for (const std::int64_t inner : {1, 2, 49, 3136})
-      for (const std::int64_t stride : {1, 5, 256, 65536, 1 << 20})
-        for (const std::int64_t start : {0, 1, 255, 4097}) {
+namespace {
+
+/// Walks `steps` steps of `walk` from `start` by `stride` and checks its coordinates against those
+/// the divisions give.
+template <int Rank>
+bool walk_matches_divisions(std::int64_t start, std::int64_t stride,
+                            const std::int64_t (&inner_extents)[Rank - 1], int steps) {
+  dropit::detail::index_walk<Rank> at(start, stride, inner_extents);
+  for (std::int64_t flat = start; steps > 0; --steps, flat += stride, at.advance()) {
+    std::int64_t rest = flat;
+    for (int d = Rank - 1; d >= 1; --d) {
+      if (at[d] != rest % inner_extents[d - 1]) return false;
+      rest /= inner_extents[d - 1];
+    }
+    if (at[0] != rest) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("index_walk keeps the coordinates the divisions give, step after step") {
+  // The CUDA kernels' division-free walks (channels, offsets, im2col), against flat / extent and
+  // the remainders.
+  for (const std::int64_t stride : {1, 5, 256, 65536, 1 << 20, 132 * 256 * 8})
+    for (const std::int64_t start : {0, 1, 255, 4097}) {
+      CAPTURE(stride);
+      CAPTURE(start);
+      for (const std::int64_t inner : {1, 2, 49, 3136}) {
+        CAPTURE(inner);
+        CHECK(walk_matches_divisions<2>(start, stride, {inner}, 300));
+        for (const std::int64_t channels : {1, 3, 7, 256}) {
           CAPTURE(channels);
-          CAPTURE(inner);
-          CAPTURE(stride);
-          CAPTURE(start);
-          dropit::detail::channel_walk at(start, stride, channels, inner);
-          bool all_equal = true;
-          for (std::int64_t e = start, steps = 0; steps < 300; e += stride, ++steps, at.advance())
-            all_equal = all_equal && at.o == e / inner / channels &&
-                        at.c == e / inner % channels && at.r == e % inner;
-          CHECK(all_equal);
+          CHECK(walk_matches_divisions<3>(start, stride, {channels, inner}, 300));
         }
+      }
+      // The im2col walk (c, kh, kw, s, oh, ow): 1x1, 3x3 and 7x7 kernels over small and odd
+      // outputs, one sample and several.
+      for (const std::int64_t kernel : {1, 3, 7})
+        for (const std::int64_t samples : {1, 5, 32})
+          for (const std::int64_t out : {1, 7, 56}) {
+            CAPTURE(kernel);
+            CAPTURE(samples);
+            CAPTURE(out);
+            CHECK(walk_matches_divisions<6>(start, stride, {kernel, kernel, samples, out, out + 1},
+                                            300));
+          }
+    }
 }

@@ -50,8 +50,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../common/channel_walk.hpp"
 #include "../common/geometry.hpp"
+#include "../common/index_walk.hpp"
 #include "../common/keys.hpp"
 #include "../common/relu_mask.hpp"
 #include "common.cuh"
@@ -639,9 +639,9 @@ DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
   // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's. The value's
   // chunk is walked without a division per value: (chunk, slot in chunk) as two digits.
-  channel_walk at(start, stride, 1, layout.kept_per_chunk);
+  index_walk<2> at(start, stride, {layout.kept_per_chunk});
   for (std::int64_t j = start; j < kept; j += stride, at.advance()) {
-    const std::int64_t chunk = at.o < full_chunks ? at.o : full_chunks;
+    const std::int64_t chunk = at[0] < full_chunks ? at[0] : full_chunks;
     out[chunk * layout.chunk_size + offsets[j]] =
         densified<Out>(values[j], layout.rescale, chunk == full_chunks ? tail_scale : full_scale);
   }
@@ -712,9 +712,9 @@ __device__ void channel_gather(const cache_layout& layout, const T* input,
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
   if (start >= count) return;
-  channel_walk at(start, stride, layout.kept_channels, layout.inner);
+  index_walk<3> at(start, stride, {layout.kept_channels, layout.inner});
   for (std::int64_t e = start; e < count; e += stride, at.advance())
-    values[e] = input[(at.o * layout.channels + list[at.c]) * layout.inner + at.r];
+    values[e] = input[(at[0] * layout.channels + list[at[1]]) * layout.inner + at[2]];
 }
 
 template <class T>
@@ -787,12 +787,13 @@ DROPIT_KERNEL void channel_densify_kernel(cache_layout layout, const std::uint32
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
   if (start >= count) return;
   const float scale = layout.value_scale(0);  // read once, not per element
-  channel_walk at(start, stride, layout.channels, layout.inner);
+  index_walk<3> at(start, stride, {layout.channels, layout.inner});
   for (std::int64_t e = start; e < count; e += stride, at.advance()) {
-    const std::int32_t j = slot_of[at.c];
-    out[e] = j < 0 ? Out{}
-                   : densified<Out>(values[(at.o * layout.kept_channels + j) * layout.inner + at.r],
-                                    layout.rescale, scale);
+    const std::int32_t j = slot_of[at[1]];
+    out[e] = j < 0
+                 ? Out{}
+                 : densified<Out>(values[(at[0] * layout.kept_channels + j) * layout.inner + at[2]],
+                                  layout.rescale, scale);
   }
 }
 
@@ -831,7 +832,8 @@ DROPIT_KERNEL void linear_weight_grad_kernel(const float* a, const T* dz, T* dw,
 }
 
 /// dW[co, ci, kh, kw] (=, +=) sum over (n, oh, ow) of dZ[n, co, oh, ow] * X[n, cin, ih, iw], one
-/// dW element per block iteration; X is the densified float input.
+/// dW element per block iteration; X is the densified float input. The threads walk the terms
+/// (n, oh, ow) without dividing per term.
 template <class T>
 DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, const T* dz, T* dw,
                                              grad_mode mode) {
@@ -847,14 +849,14 @@ DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, 
     const std::int64_t kh = tap / g.kernel_w, kw = tap % g.kernel_w;
     const std::int64_t channel = co / group_out * group_in + ci;
     float sum = 0.0f;
-    for (std::int64_t term = threadIdx.x; term < terms; term += block_threads) {
-      const std::int64_t n = term / pixels, pixel = term % pixels;
-      const std::int64_t oh = pixel / g.out_width, ow = pixel % g.out_width;
-      const std::int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
-      const std::int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
+    index_walk<3> at(threadIdx.x, block_threads, {g.out_height, g.out_width});  // (n, oh, ow)
+    for (std::int64_t term = threadIdx.x; term < terms; term += block_threads, at.advance()) {
+      const std::int64_t ih = at[1] * g.stride_h - g.pad_h + kh * g.dilation_h;
+      const std::int64_t iw = at[2] * g.stride_w - g.pad_w + kw * g.dilation_w;
       if (ih < 0 || ih >= g.height || iw < 0 || iw >= g.width) continue;
-      sum += to_float(dz[(n * g.out_channels + co) * pixels + pixel]) *
-             x[((n * g.in_channels + channel) * g.height + ih) * g.width + iw];
+      sum += to_float(
+                 dz[((at[0] * g.out_channels + co) * g.out_height + at[1]) * g.out_width + at[2]]) *
+             x[((at[0] * g.in_channels + channel) * g.height + ih) * g.width + iw];
     }
     const float total = reduce_t(reduce).Sum(sum);
     if (threadIdx.x == 0) store_gradient(dw[w], total, mode);
@@ -863,24 +865,25 @@ DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, 
 }
 
 /// The im2col block of samples [first, first + samples) of the dense input `x`: row
-/// (c * KH + kh) * KW + kw, column s * P + p (P = H_out * W_out) holds the input element that tap
-/// (kh, kw) of output pixel p of sample first + s reads in channel c, or zero in the padding.
+/// (c * KH + kh) * KW + kw, column s * P + p (P = H_out * W_out, p = oh * W_out + ow) holds the
+/// input element that tap (kh, kw) of output pixel p of sample first + s reads in channel c, or
+/// zero in the padding. Each thread walks the six coordinates of its elements without dividing.
 template <class T>
 DROPIT_KERNEL void conv2d_columns_kernel(conv2d_geometry g, const T* x, std::int64_t first,
                                          std::int64_t samples, T* columns) {
-  const std::int64_t taps = g.kernel_h * g.kernel_w, pixels = g.out_height * g.out_width;
-  const std::int64_t total = g.in_channels * taps * samples * pixels;
+  const std::int64_t total =
+      g.in_channels * g.kernel_h * g.kernel_w * samples * g.out_height * g.out_width;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < total;
-       i += stride) {
-    const std::int64_t pixel = i % pixels, s = i / pixels % samples, row = i / (pixels * samples);
-    const std::int64_t c = row / taps, tap = row % taps;
-    const std::int64_t oh = pixel / g.out_width, ow = pixel % g.out_width;
-    const std::int64_t ih = oh * g.stride_h - g.pad_h + tap / g.kernel_w * g.dilation_h;
-    const std::int64_t iw = ow * g.stride_w - g.pad_w + tap % g.kernel_w * g.dilation_w;
+  const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
+  // (c, kh, kw, s, oh, ow)
+  index_walk<6> at(start, stride, {g.kernel_h, g.kernel_w, samples, g.out_height, g.out_width});
+  for (std::int64_t i = start; i < total; i += stride, at.advance()) {
+    const std::int64_t ih = at[4] * g.stride_h - g.pad_h + at[1] * g.dilation_h;
+    const std::int64_t iw = at[5] * g.stride_w - g.pad_w + at[2] * g.dilation_w;
     const bool inside = ih >= 0 && ih < g.height && iw >= 0 && iw < g.width;
-    columns[i] =
-        inside ? x[(((first + s) * g.in_channels + c) * g.height + ih) * g.width + iw] : T{};
+    columns[i] = inside
+                     ? x[(((first + at[3]) * g.in_channels + at[0]) * g.height + ih) * g.width + iw]
+                     : T{};
   }
 }
 
@@ -891,11 +894,10 @@ DROPIT_KERNEL void conv2d_dz_rows_kernel(conv2d_geometry g, const T* dz, std::in
   const std::int64_t pixels = g.out_height * g.out_width;
   const std::int64_t total = g.out_channels * samples * pixels;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
-  for (std::int64_t i = std::int64_t{blockIdx.x} * block_threads + threadIdx.x; i < total;
-       i += stride) {
-    const std::int64_t pixel = i % pixels, s = i / pixels % samples, co = i / (pixels * samples);
-    rows[i] = dz[((first + s) * g.out_channels + co) * pixels + pixel];
-  }
+  const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
+  index_walk<3> at(start, stride, {samples, pixels});  // (co, s, p)
+  for (std::int64_t i = start; i < total; i += stride, at.advance())
+    rows[i] = dz[((first + at[1]) * g.out_channels + at[0]) * pixels + at[2]];
 }
 
 /// `out` (=, +=) the float gradient `sum`, rounded once.
