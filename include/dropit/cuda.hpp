@@ -41,6 +41,11 @@ struct cuda_backend {
   /// sums), as torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32 let
   /// torch's. Off, they are full FP32 and equal the CPU backend's up to summation order.
   bool allow_tf32 = false;
+  /// Where the library is built with cuDNN (`dropit::cuda_cudnn`), whether conv2d weight gradients
+  /// run cuDNN's backward-filter convolution (for geometries one of its engines runs). Off, they
+  /// take the backend's im2col + cuBLAS path, as torch.backends.cudnn.enabled = False takes torch's
+  /// convolutions off cuDNN. Without cuDNN built in, the im2col path runs either way.
+  bool use_cudnn = true;
 };
 
 namespace detail {

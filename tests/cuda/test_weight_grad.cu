@@ -91,7 +91,20 @@ std::vector<ref::conv_shape> conv_grid() {
             g.groups = groups;
             if (g.out_h() > 0 && g.out_w() > 0) grid.push_back(g);
           }
-  // The cuBLAS path sums blocks of samples: five samples in blocks of three and two, and none.
+  // A 7x7 kernel of stride 2 on an odd input: the im2col walk carries through every coordinate,
+  // in blocks of one sample.
+  grid.push_back({.batch = 3,
+                  .in_channels = 5,
+                  .height = 19,
+                  .width = 17,
+                  .out_channels = 6,
+                  .kernel_h = 7,
+                  .kernel_w = 7,
+                  .stride_h = 2,
+                  .stride_w = 2,
+                  .pad_h = 3,
+                  .pad_w = 3});
+  // The im2col path sums blocks of samples: five samples in blocks of three and two, and none.
   for (std::int64_t batch : {5, 0})
     grid.push_back({.batch = batch,
                     .in_channels = 8,
@@ -103,6 +116,16 @@ std::vector<ref::conv_shape> conv_grid() {
                     .stride_h = 2,
                     .stride_w = 2});
   return grid;
+}
+
+dropit::detail::conv2d_geometry geometry_of(const ref::conv_shape& s) {
+  dropit::detail::conv2d_geometry g{};
+  g.batch = s.batch, g.in_channels = s.in_channels, g.height = s.height, g.width = s.width;
+  g.out_channels = s.out_channels, g.out_height = s.out_h(), g.out_width = s.out_w();
+  g.kernel_h = s.kernel_h, g.kernel_w = s.kernel_w;
+  g.stride_h = s.stride_h, g.stride_w = s.stride_w, g.pad_h = s.pad_h, g.pad_w = s.pad_w;
+  g.dilation_h = s.dilation_h, g.dilation_w = s.dilation_w, g.groups = s.groups;
+  return g;
 }
 
 template <class T, class P>
@@ -153,23 +176,57 @@ TEST_CASE_TEMPLATE("cuda: linear dW equals dZ^T densify(cache)", T, float, dropi
     }
 }
 
+// Where the backend is built with cuDNN, its plans compute the gradient, and `use_cudnn` off
+// takes the backend's own im2col + cuBLAS path (as a build without cuDNN does): both run the grid.
 TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum over densify(cache)", T, float,
                    dropit::half, bfloat16) {
   std::uint64_t seed = 1;
-  for (const ref::conv_shape& g : conv_grid())
-    for (double gamma : {0.0, 0.6}) {
-      CAPTURE(g.stride_h);
-      CAPTURE(g.pad_h);
-      CAPTURE(g.dilation_h);
-      CAPTURE(g.groups);
-      CAPTURE(g.kernel_h);
-      CAPTURE(g.kernel_w);
-      CAPTURE(gamma);
-      test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
-        CAPTURE(name);
-        check_conv<T>(p, g, seed += 3);
-      });
-    }
+  for (const bool use_cudnn : {true, false})
+    for (const ref::conv_shape& g : conv_grid())
+      for (double gamma : {0.0, 0.6}) {
+        CAPTURE(use_cudnn);
+        CAPTURE(g.stride_h);
+        CAPTURE(g.pad_h);
+        CAPTURE(g.dilation_h);
+        CAPTURE(g.groups);
+        CAPTURE(g.kernel_h);
+        CAPTURE(g.kernel_w);
+        CAPTURE(g.batch);
+        CAPTURE(gamma);
+        cuda_backend gpu;
+        gpu.use_cudnn = use_cudnn;
+        test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
+          CAPTURE(name);
+          check_conv<T>(p, g, seed += 3, gpu);
+        });
+      }
+}
+
+// use_cudnn off takes the im2col path: blocks of samples and no cuDNN plan, where on takes cuDNN's
+// plans (built with cuDNN) and leaves the count of samples per block 0. (16-bit caches with
+// rescaling take the direct kernel either way.)
+TEST_CASE_TEMPLATE("cuda: conv2d dW with use_cudnn off takes the im2col path", T, float,
+                   dropit::half, bfloat16) {
+  namespace dc = dropit::detail::cuda;
+  const ref::conv_shape s = conv_grid().front();
+  const auto x = test::smooth_values<T>(s.x_numel(), 1);
+  const auto c = compress(serial, policy<chunked_min_k_selection>{{0.6, 64}},
+                          test::view_of(x, {s.batch, s.in_channels, s.height, s.width}));
+  const auto scratch_for = [&](bool use_cudnn) {
+    dc::conv2d_scratch scratch;
+    dropit::detail::workspace_bytes_of([&](dropit::detail::workspace_carver& carver) {
+      scratch = dc::add_conv2d_scratch<T>(carver, c.layout(), geometry_of(s), false, use_cudnn);
+    });
+    return scratch;
+  };
+  const dc::conv2d_scratch im2col = scratch_for(false);
+  CHECK(im2col.block_samples >= 1);
+#if DROPIT_CUDA_CUDNN
+  CHECK(im2col.cudnn == nullptr);
+  const dc::conv2d_scratch cudnn = scratch_for(true);
+  CHECK(cudnn.cudnn != nullptr);
+  CHECK(cudnn.block_samples == 0);
+#endif
 }
 
 TEST_CASE("cuda: conv2d dW sums im2col blocks no larger than the dense input") {
@@ -250,16 +307,6 @@ TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value
 // runs on every machine (ctest: cuda.deviceless); the plans need a GPU.
 
 namespace {
-
-dropit::detail::conv2d_geometry geometry_of(const ref::conv_shape& s) {
-  dropit::detail::conv2d_geometry g{};
-  g.batch = s.batch, g.in_channels = s.in_channels, g.height = s.height, g.width = s.width;
-  g.out_channels = s.out_channels, g.out_height = s.out_h(), g.out_width = s.out_w();
-  g.kernel_h = s.kernel_h, g.kernel_w = s.kernel_w;
-  g.stride_h = s.stride_h, g.stride_w = s.stride_w, g.pad_h = s.pad_h, g.pad_w = s.pad_w;
-  g.dilation_h = s.dilation_h, g.dilation_w = s.dilation_w, g.groups = s.groups;
-  return g;
-}
 
 // ResNet-50's 3x3 layers of its four stages and a strided 1x1 shortcut, batch 64 (the kernel
 // benchmark's conv2d cases).

@@ -71,7 +71,7 @@ template <storage_type T>
 std::size_t backend_ops<cuda_backend>::conv2d_weight_grad_workspace_bytes(
     const cuda_backend& backend, const cache_layout& x, const conv2d_geometry& g) {
   return workspace_bytes_of([&](workspace_carver& carver) {
-    cuda::add_conv2d_scratch<T>(carver, x, g, backend.allow_tf32);
+    cuda::add_conv2d_scratch<T>(carver, x, g, backend.allow_tf32, backend.use_cudnn);
   });
 }
 
@@ -82,7 +82,8 @@ void backend_ops<cuda_backend>::conv2d_weight_grad(const cuda_backend& backend,
                                                    workspace memory) {
   cuda::expect_no_pending_error("conv2d_weight_grad");
   workspace_carver carver(memory);
-  const auto scratch = cuda::add_conv2d_scratch<T>(carver, x.layout, g, backend.allow_tf32);
+  const auto scratch =
+      cuda::add_conv2d_scratch<T>(carver, x.layout, g, backend.allow_tf32, backend.use_cudnn);
   cuda::conv2d_weight_grad<T>(backend.stream, x, dz, dw, g, mode, backend.allow_tf32, scratch);
 }
 

@@ -7,13 +7,14 @@
 //   backend does), which a 16-bit densify would round, so it densifies into float and runs the
 //   16x16-tiled kernel of kernels.cuh.
 // - conv2d: densify into the input's own type, then cuDNN's backward-filter convolution straight
-//   into dW (cudnn.cuh: built with cuDNN, and where an engine runs the geometry; dW += blends with
-//   beta 1 in cuDNN's float compute type). Otherwise im2col + cuBLAS over blocks of samples: each
-//   block's columns and dZ rows go to one strided-batched GEMM (a GEMM per group) that accumulates
-//   into a float dW, stored into dW once at the end (rounded once, as on the CPU). Blocks hold
-//   as many samples as fit in the size of the dense input, so the transient workspace stays within
-//   twice the dense activation (plus one sample's block when a single sample is larger). 16-bit
-//   caches with rescaling densify into float and keep the direct kernel, as linear does.
+//   into dW (cudnn.cuh: built with cuDNN, the backend's use_cudnn set, and where an engine runs the
+//   geometry; dW += blends with beta 1 in cuDNN's float compute type). Otherwise im2col + cuBLAS
+//   over blocks of samples: each block's columns and dZ rows go to one strided-batched GEMM (a
+//   GEMM per group) that accumulates into a float dW, stored into dW once at the end (rounded
+//   once, as on the CPU). Blocks hold as many samples as fit in the size of the dense input, so
+//   the transient workspace stays within twice the dense activation (plus one sample's block when
+//   a single sample is larger). 16-bit caches with rescaling densify into float and keep the
+//   direct kernel, as linear does.
 // Float GEMMs and convolutions run on TF32 tensor cores only where the backend allows TF32.
 
 #include <algorithm>
@@ -94,7 +95,7 @@ bool conv2d_uses_cublas(const cache_layout& layout) {
 
 template <storage_type T>
 conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& layout,
-                                  const conv2d_geometry& g, bool allow_tf32) {
+                                  const conv2d_geometry& g, bool allow_tf32, bool use_cudnn) {
   conv2d_scratch s;
   const auto n = static_cast<std::size_t>(layout.numel());
   if (!conv2d_uses_cublas<T>(layout)) {
@@ -104,7 +105,7 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
   }
   const std::int64_t outputs = g.out_channels * g.in_per_group() * g.kernel_h * g.kernel_w;
 #if DROPIT_CUDA_CUDNN
-  if (g.batch > 0 && g.out_height * g.out_width > 0 && outputs > 0) {
+  if (use_cudnn && g.batch > 0 && g.out_height * g.out_width > 0 && outputs > 0) {
     s.cudnn = cudnn_wgrad_plans_for<T>(g, allow_tf32);
     if (s.cudnn != nullptr) {
       s.gradient.dense = carver.add<T>(n);
@@ -115,6 +116,7 @@ conv2d_scratch add_conv2d_scratch(workspace_carver& carver, const cache_layout& 
   }
 #else
   static_cast<void>(allow_tf32);
+  static_cast<void>(use_cudnn);
 #endif
   s.block_samples = conv2d_block_samples(g);
   const std::int64_t block_pixels = s.block_samples * g.out_height * g.out_width;
