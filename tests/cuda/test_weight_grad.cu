@@ -91,8 +91,7 @@ std::vector<ref::conv_shape> conv_grid() {
             g.groups = groups;
             if (g.out_h() > 0 && g.out_w() > 0) grid.push_back(g);
           }
-  // A 7x7 kernel of stride 2 on an odd input: the im2col walk carries through every coordinate,
-  // in blocks of one sample.
+  // A 7x7 kernel of stride 2 on an odd input, in blocks of one sample.
   grid.push_back({.batch = 3,
                   .in_channels = 5,
                   .height = 19,
@@ -176,35 +175,63 @@ TEST_CASE_TEMPLATE("cuda: linear dW equals dZ^T densify(cache)", T, float, dropi
     }
 }
 
-// Where the backend is built with cuDNN, its plans compute the gradient, and `use_cudnn` off
-// takes the backend's own im2col + cuBLAS path (as a build without cuDNN does): both run the grid.
 TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum over densify(cache)", T, float,
                    dropit::half, bfloat16) {
   std::uint64_t seed = 1;
-  for (const bool use_cudnn : {true, false})
-    for (const ref::conv_shape& g : conv_grid())
-      for (double gamma : {0.0, 0.6}) {
-        CAPTURE(use_cudnn);
-        CAPTURE(g.stride_h);
-        CAPTURE(g.pad_h);
-        CAPTURE(g.dilation_h);
-        CAPTURE(g.groups);
-        CAPTURE(g.kernel_h);
-        CAPTURE(g.kernel_w);
-        CAPTURE(g.batch);
-        CAPTURE(gamma);
-        cuda_backend gpu;
-        gpu.use_cudnn = use_cudnn;
-        test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
-          CAPTURE(name);
-          check_conv<T>(p, g, seed += 3, gpu);
-        });
-      }
+  for (const ref::conv_shape& g : conv_grid())
+    for (double gamma : {0.0, 0.6}) {
+      CAPTURE(g.stride_h);
+      CAPTURE(g.pad_h);
+      CAPTURE(g.dilation_h);
+      CAPTURE(g.groups);
+      CAPTURE(g.kernel_h);
+      CAPTURE(g.kernel_w);
+      CAPTURE(gamma);
+      test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
+        CAPTURE(name);
+        check_conv<T>(p, g, seed += 3);
+      });
+    }
 }
 
-// use_cudnn off takes the im2col path: blocks of samples and no cuDNN plan, where on takes cuDNN's
-// plans (built with cuDNN) and leaves the count of samples per block 0. (16-bit caches with
-// rescaling take the direct kernel either way.)
+// The backend's own im2col + cuBLAS path, which `use_cudnn` off takes where the backend is built
+// with cuDNN (and a build without cuDNN always): the grid, and 64 input channels of 32x32 under a
+// 3x3 kernel, whose 589 824 column elements per sample outnumber the threads of conv2d_columns'
+// grid (1 024 blocks), so that each thread takes several steps of its walk.
+TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum through im2col and cuBLAS", T, float,
+                   dropit::half, bfloat16) {
+  cuda_backend im2col;
+  im2col.use_cudnn = false;
+  std::vector<ref::conv_shape> shapes = conv_grid();
+  shapes.push_back({.batch = 2,
+                    .in_channels = 64,
+                    .height = 32,
+                    .width = 32,
+                    .out_channels = 8,
+                    .kernel_h = 3,
+                    .kernel_w = 3,
+                    .pad_h = 1,
+                    .pad_w = 1});
+  std::uint64_t seed = 700;
+  for (const ref::conv_shape& g : shapes) {
+    CAPTURE(g.in_channels);
+    CAPTURE(g.stride_h);
+    CAPTURE(g.pad_h);
+    CAPTURE(g.dilation_h);
+    CAPTURE(g.groups);
+    CAPTURE(g.kernel_h);
+    CAPTURE(g.kernel_w);
+    CAPTURE(g.batch);
+    test::for_each_policy(0.6, 1, [&](const auto& p, const char* name) {
+      CAPTURE(name);
+      check_conv<T>(p, g, seed += 3, im2col);
+    });
+  }
+}
+
+// The workspace the backend asks for is the im2col path's (blocks of samples, no cuDNN plan) with
+// use_cudnn off, and cuDNN's with it on (built with cuDNN). (16-bit caches with rescaling take the
+// direct kernel either way.)
 TEST_CASE_TEMPLATE("cuda: conv2d dW with use_cudnn off takes the im2col path", T, float,
                    dropit::half, bfloat16) {
   namespace dc = dropit::detail::cuda;
@@ -214,18 +241,29 @@ TEST_CASE_TEMPLATE("cuda: conv2d dW with use_cudnn off takes the im2col path", T
                           test::view_of(x, {s.batch, s.in_channels, s.height, s.width}));
   const auto scratch_for = [&](bool use_cudnn) {
     dc::conv2d_scratch scratch;
-    dropit::detail::workspace_bytes_of([&](dropit::detail::workspace_carver& carver) {
-      scratch = dc::add_conv2d_scratch<T>(carver, c.layout(), geometry_of(s), false, use_cudnn);
-    });
-    return scratch;
+    const std::size_t bytes =
+        dropit::detail::workspace_bytes_of([&](dropit::detail::workspace_carver& carver) {
+          scratch = dc::add_conv2d_scratch<T>(carver, c.layout(), geometry_of(s), false, use_cudnn);
+        });
+    return std::pair{scratch, bytes};
   };
-  const dc::conv2d_scratch im2col = scratch_for(false);
+  const auto asked_by = [&](bool use_cudnn) {
+    cuda_backend gpu;
+    gpu.use_cudnn = use_cudnn;
+    return conv2d_weight_grad_workspace_bytes<T>(
+        gpu, c.layout(), {s.batch, s.out_channels, s.out_h(), s.out_w()},
+        {s.out_channels, s.in_channels / s.groups, s.kernel_h, s.kernel_w}, s.params());
+  };
+  const auto [im2col, im2col_bytes] = scratch_for(false);
   CHECK(im2col.block_samples >= 1);
+  CHECK(asked_by(false) == im2col_bytes);
 #if DROPIT_CUDA_CUDNN
   CHECK(im2col.cudnn == nullptr);
-  const dc::conv2d_scratch cudnn = scratch_for(true);
+  const auto [cudnn, cudnn_bytes] = scratch_for(true);
   CHECK(cudnn.cudnn != nullptr);
   CHECK(cudnn.block_samples == 0);
+  CHECK(asked_by(true) == cudnn_bytes);
+  CHECK(cudnn_bytes != im2col_bytes);
 #endif
 }
 

@@ -4,8 +4,9 @@
 // (one per dimension, the outermost unbounded), and each step adds the stride's digits with
 // carries. The CUDA backend's channel gather and densify walk [outer, channels, inner]; the offsets
 // densify a kept value's (chunk, slot); the im2col weight gradient its columns' (channel, tap row,
-// tap column, sample, output row, output column). Host and device code alike, so the CPU tests
-// check it against the divisions it replaces.
+// tap column, sample, output row, output column). The setup's divisions are paid once per thread:
+// such kernels run on grids small enough that each thread takes many steps (grid_for_walk). Host
+// and device code alike, so the CPU tests check it against the divisions it replaces.
 
 #include <cstdint>
 

@@ -323,7 +323,7 @@ void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>&
   select_channels(stream, layout, input, scratch, list);
   if (count == 0) return;
   channel_gather_kernel<T>
-      <<<grid_for(count), block_threads, 0, stream>>>(layout, input, list, out.values);
+      <<<grid_for_walk(count), block_threads, 0, stream>>>(layout, input, list, out.values);
   check_launch("dropit channel_gather_kernel");
 }
 
@@ -434,7 +434,7 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
             "densify: zeroing the output");
       const std::int64_t kept = layout.kept();
       if (kept == 0) return;
-      scatter_offsets_kernel<T, Out><<<grid_for(kept), block_threads, 0, stream>>>(
+      scatter_offsets_kernel<T, Out><<<grid_for_walk(kept), block_threads, 0, stream>>>(
           layout, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
       check_launch("dropit scatter_offsets_kernel");
       return;
@@ -462,8 +462,8 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
   if (layout.channels <= channel_map_in_block_limit) {  // one launch
     // Blocks enough to fill the device, few enough that building the map stays cheap.
     channel_densify_kernel<T, Out, true>
-        <<<std::min(grid_for(count), 1024u), block_threads, 0, stream>>>(layout, list, nullptr,
-                                                                         cache.values, out);
+        <<<grid_for_walk(count), block_threads, 0, stream>>>(layout, list, nullptr, cache.values,
+                                                             out);
     check_launch("dropit channel_densify_kernel");
     return;
   }
@@ -475,7 +475,7 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
         list, layout.kept_channels, scratch.slot_of);
     check_launch("dropit channel_map_kernel");
   }
-  channel_densify_kernel<T, Out, false><<<grid_for(count), block_threads, 0, stream>>>(
+  channel_densify_kernel<T, Out, false><<<grid_for_walk(count), block_threads, 0, stream>>>(
       layout, list, scratch.slot_of, cache.values, out);
   check_launch("dropit channel_densify_kernel");
 }

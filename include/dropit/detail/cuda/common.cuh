@@ -47,6 +47,12 @@ inline unsigned grid_for(std::int64_t items, std::int64_t items_per_block = bloc
   return static_cast<unsigned>(std::clamp<std::int64_t>(blocks, 1, max_blocks));
 }
 
+/// The grid of a kernel whose threads walk their elements with index_walk, whose setup divides and
+/// whose steps do not: at most 1 024 blocks, enough to fill an H100 or H200 (132 multiprocessors
+/// holding at most 8 blocks each), so that each thread of a large launch takes many steps and pays
+/// the setup once.
+inline unsigned grid_for_walk(std::int64_t items) { return std::min(grid_for(items), 1024u); }
+
 /// The sum of `value` over the 32 lanes of the warp, in every lane (called by all 32 together).
 template <class Value>
 __device__ inline Value warp_sum(Value value) {

@@ -844,12 +844,13 @@ DROPIT_KERNEL void conv2d_weight_grad_kernel(conv2d_geometry g, const float* x, 
   const std::int64_t outputs = g.out_channels * group_in * taps;
   const std::int64_t pixels = g.out_height * g.out_width;
   const std::int64_t terms = g.batch * pixels;
+  const index_walk<3> first_term(threadIdx.x, block_threads, {g.out_height, g.out_width});
   for (std::int64_t w = blockIdx.x; w < outputs; w += gridDim.x) {
     const std::int64_t tap = w % taps, ci = w / taps % group_in, co = w / (taps * group_in);
     const std::int64_t kh = tap / g.kernel_w, kw = tap % g.kernel_w;
     const std::int64_t channel = co / group_out * group_in + ci;
     float sum = 0.0f;
-    index_walk<3> at(threadIdx.x, block_threads, {g.out_height, g.out_width});  // (n, oh, ow)
+    index_walk<3> at = first_term;  // (n, oh, ow)
     for (std::int64_t term = threadIdx.x; term < terms; term += block_threads, at.advance()) {
       const std::int64_t ih = at[1] * g.stride_h - g.pad_h + kh * g.dilation_h;
       const std::int64_t iw = at[2] * g.stride_w - g.pad_w + kw * g.dilation_w;
@@ -875,6 +876,7 @@ DROPIT_KERNEL void conv2d_columns_kernel(conv2d_geometry g, const T* x, std::int
       g.in_channels * g.kernel_h * g.kernel_w * samples * g.out_height * g.out_width;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
+  if (start >= total) return;
   // (c, kh, kw, s, oh, ow)
   index_walk<6> at(start, stride, {g.kernel_h, g.kernel_w, samples, g.out_height, g.out_width});
   for (std::int64_t i = start; i < total; i += stride, at.advance()) {
@@ -895,6 +897,7 @@ DROPIT_KERNEL void conv2d_dz_rows_kernel(conv2d_geometry g, const T* dz, std::in
   const std::int64_t total = g.out_channels * samples * pixels;
   const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
   const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
+  if (start >= total) return;
   index_walk<3> at(start, stride, {samples, pixels});  // (co, s, p)
   for (std::int64_t i = start; i < total; i += stride, at.advance())
     rows[i] = dz[((first + at[1]) * g.out_channels + at[0]) * pixels + at[2]];

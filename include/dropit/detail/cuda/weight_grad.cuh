@@ -193,11 +193,11 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
     const std::int64_t samples = std::min(scratch.block_samples, g.batch - first);
     const std::int64_t column_items =
         g.in_channels * g.kernel_h * g.kernel_w * samples * pixels;
-    conv2d_columns_kernel<T>
-        <<<grid_for(column_items), block_threads, 0, stream>>>(g, dense, first, samples, columns);
+    conv2d_columns_kernel<T><<<grid_for_walk(column_items), block_threads, 0, stream>>>(
+        g, dense, first, samples, columns);
     check_launch("dropit conv2d_columns_kernel");
-    conv2d_dz_rows_kernel<T><<<grid_for(g.out_channels * samples * pixels), block_threads, 0,
-                               stream>>>(g, dz, first, samples, dz_rows);
+    conv2d_dz_rows_kernel<T><<<grid_for_walk(g.out_channels * samples * pixels), block_threads,
+                               0, stream>>>(g, dz, first, samples, dz_rows);
     check_launch("dropit conv2d_dz_rows_kernel");
     gemm_conv2d_weight_grad<T>(stream, columns, dz_rows, scratch.dw_sum, g, samples, first > 0,
                                allow_tf32, scratch.gradient.cublas_workspace);
