@@ -229,6 +229,16 @@ struct conv_shape {
   std::int64_t dw_numel() const {
     return out_channels * (in_channels / groups) * kernel_h * kernel_w;
   }
+  // The whole geometry in one line, for a test to CAPTURE.
+  std::string text() const {
+    return "x [" + std::to_string(batch) + ", " + std::to_string(in_channels) + ", " +
+           std::to_string(height) + ", " + std::to_string(width) + "], " +
+           std::to_string(out_channels) + " out, kernel " + std::to_string(kernel_h) + "x" +
+           std::to_string(kernel_w) + ", stride " + std::to_string(stride_h) + "x" +
+           std::to_string(stride_w) + ", pad " + std::to_string(pad_h) + "x" +
+           std::to_string(pad_w) + ", dilation " + std::to_string(dilation_h) + "x" +
+           std::to_string(dilation_w) + ", groups " + std::to_string(groups);
+  }
   // The same geometry as the library's parameters.
   dropit::conv2d_params params() const {
     dropit::conv2d_params p;

@@ -164,12 +164,8 @@ TEST_CASE("conv2d dW equals the direct sum over densify(cache) on the parameter 
   int valid = 0, combo = 0;
   for (const ref::conv_shape& g : grid) {
     ++combo;
-    CAPTURE(g.stride_h);
-    CAPTURE(g.pad_h);
-    CAPTURE(g.dilation_h);
-    CAPTURE(g.groups);
-    CAPTURE(g.kernel_h);
-    CAPTURE(g.kernel_w);
+    const std::string geometry = g.text();
+    CAPTURE(geometry);
     if (g.out_h() <= 0 || g.out_w() <= 0) {  // e.g. a dilated 5x5 kernel over width 7, no padding
       const auto x = test::smooth_values<float>(g.x_numel(), 1);
       const auto c = compress(serial, policy<min_k_selection>{{0.5}},

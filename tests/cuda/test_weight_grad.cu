@@ -180,12 +180,8 @@ TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum over densify(cache)", 
   std::uint64_t seed = 1;
   for (const ref::conv_shape& g : conv_grid())
     for (double gamma : {0.0, 0.6}) {
-      CAPTURE(g.stride_h);
-      CAPTURE(g.pad_h);
-      CAPTURE(g.dilation_h);
-      CAPTURE(g.groups);
-      CAPTURE(g.kernel_h);
-      CAPTURE(g.kernel_w);
+      const std::string geometry = g.text();
+      CAPTURE(geometry);
       CAPTURE(gamma);
       test::for_each_policy(gamma, 1, [&](const auto& p, const char* name) {
         CAPTURE(name);
@@ -214,14 +210,8 @@ TEST_CASE_TEMPLATE("cuda: conv2d dW equals the direct sum through im2col and cuB
                     .pad_w = 1});
   std::uint64_t seed = 700;
   for (const ref::conv_shape& g : shapes) {
-    CAPTURE(g.in_channels);
-    CAPTURE(g.stride_h);
-    CAPTURE(g.pad_h);
-    CAPTURE(g.dilation_h);
-    CAPTURE(g.groups);
-    CAPTURE(g.kernel_h);
-    CAPTURE(g.kernel_w);
-    CAPTURE(g.batch);
+    const std::string geometry = g.text();
+    CAPTURE(geometry);
     test::for_each_policy(0.6, 1, [&](const auto& p, const char* name) {
       CAPTURE(name);
       check_conv<T>(p, g, seed += 3, im2col);
@@ -402,14 +392,8 @@ TEST_SUITE("deviceless") {
     for (const ref::conv_shape& s : cudnn_shapes())
       for (const bool aligned : {true, false})
         for (const bool accumulate : {false, true}) {
-          CAPTURE(s.in_channels);
-          CAPTURE(s.height);
-          CAPTURE(s.kernel_h);
-          CAPTURE(s.kernel_w);
-          CAPTURE(s.stride_h);
-          CAPTURE(s.pad_h);
-          CAPTURE(s.dilation_h);
-          CAPTURE(s.groups);
+          const std::string geometry = s.text();
+          CAPTURE(geometry);
           CAPTURE(aligned);
           CAPTURE(accumulate);
           CHECK_NOTHROW(dc::cudnn_wgrad_graph(
@@ -447,13 +431,8 @@ TEST_SUITE("deviceless") {
         for (const bool aligned : {true, false})
           for (const bool accumulate : {false, true}) {
             if (allow_tf32 && !std::is_same_v<T, float>) continue;  // the same problem
-            CAPTURE(s.in_channels);
-            CAPTURE(s.height);
-            CAPTURE(s.kernel_h);
-            CAPTURE(s.kernel_w);
-            CAPTURE(s.stride_h);
-            CAPTURE(s.dilation_h);
-            CAPTURE(s.groups);
+            const std::string geometry = s.text();
+            CAPTURE(geometry);
             CAPTURE(allow_tf32);
             CAPTURE(aligned);
             CAPTURE(accumulate);
@@ -496,20 +475,16 @@ TEST_SUITE("deviceless") {
   }
 }
 
-// With a GPU: the gradient tests above ran through cuDNN, not the im2col path, for every geometry
-// (all four plans were built: aligned and unaligned operands, overwriting and accumulating), as
-// do ResNet-50's layers with and without TF32.
+// With a GPU: the gradient tests above that leave use_cudnn on ran through cuDNN, not the im2col
+// path, for every geometry (all four plans were built: aligned and unaligned operands, overwriting
+// and accumulating), as do ResNet-50's layers with and without TF32.
 TEST_CASE_TEMPLATE("cuda: conv2d dW takes cuDNN's plans for the test grid and ResNet-50's layers",
                    T, float, dropit::half, bfloat16) {
   namespace dc = dropit::detail::cuda;
   for (const ref::conv_shape& s : cudnn_shapes())
     for (const bool allow_tf32 : {false, true}) {
-      CAPTURE(s.in_channels);
-      CAPTURE(s.height);
-      CAPTURE(s.kernel_h);
-      CAPTURE(s.stride_h);
-      CAPTURE(s.dilation_h);
-      CAPTURE(s.groups);
+      const std::string geometry = s.text();
+      CAPTURE(geometry);
       CAPTURE(allow_tf32);
       CHECK(dc::cudnn_wgrad_plans_for<T>(geometry_of(s), allow_tf32) != nullptr);
     }
@@ -561,8 +536,8 @@ TEST_CASE("cuda: conv2d dW with TF32 allowed stays within TF32's rounding") {
   const cuda_backend tf32{.allow_tf32 = true};
   const auto grid = conv_grid();
   for (const ref::conv_shape& g : {small_layer, grid.front(), grid[grid.size() - 2]}) {
-    CAPTURE(g.batch);
-    CAPTURE(g.kernel_h);
+    const std::string geometry = g.text();
+    CAPTURE(geometry);
     check_conv<float>(policy<chunked_min_k_selection>{{0.6, 1000}}, g, seed += 3, tf32,
                       test::tolerance_for<dropit::half>());
   }
