@@ -88,9 +88,16 @@ unsigned resident_blocks(const char* name) {
 template <class... Params>
 void launch_cooperative(void (*kernel)(Params...), cudaStream_t stream, unsigned grid,
                         const char* name, std::type_identity_t<Params>... args) {
+#if defined(DROPIT_CUDA_EMULATION)
+  // Its blocks run one after the other, so a grid-wide barrier holds only for one block.
+  expect(grid == 1, name, ": the emulated device runs cooperative launches of one block, not ",
+         grid);
+  launch(kernel, {grid}, stream, args...);
+#else
   void* pointers[] = {static_cast<void*>(&args)...};
   check(cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(block_threads), pointers, 0, stream),
         name);
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -141,8 +148,8 @@ void select_global(cudaStream_t stream, const KeyOf& key_of, std::int64_t m, std
   const auto m32 = static_cast<std::uint32_t>(m);
   const auto k32 = static_cast<std::uint32_t>(std::min(k, m));
   if (m <= range_in_block_limit) {
-    select_range_in_block_kernel<Key, KeyBits>
-        <<<1, block_threads, 0, stream>>>(key_of, m32, k32, visit);
+    launch(select_range_in_block_kernel<Key, KeyBits, KeyOf, Visit>, {1}, stream, key_of, m32, k32,
+           visit);
     check_launch("dropit select_range_in_block_kernel");
     return;
   }
@@ -216,10 +223,10 @@ void launch_select_chunks(cudaStream_t stream, const cache_layout& layout, const
                             16 * 16;
   constexpr auto staged = select_chunks_kernel<T, Selection, true, Writer>;
   if (reserve_dynamic_shared_memory<staged>(staged_bytes, "dropit select_chunks_kernel")) {
-    staged<<<grid, block_threads, staged_bytes, stream>>>(layout, input, writer);
+    launch(staged, {grid, staged_bytes}, stream, layout, input, writer);
   } else {
-    select_chunks_kernel<T, Selection, false>
-        <<<grid, block_threads, 0, stream>>>(layout, input, writer);
+    launch(select_chunks_kernel<T, Selection, false, Writer>, {grid}, stream, layout, input,
+           writer);
   }
   check_launch("dropit select_chunks_kernel");
 }
@@ -284,13 +291,12 @@ void select_channels(cudaStream_t stream, const cache_layout& layout, const T* i
     return;
   }
   if (scratch.runs > 0) {
-    channel_run_sums_kernel<T>
-        <<<grid_for(layout.channels * scratch.runs), block_threads, 0, stream>>>(
-            layout, input, scratch.runs, scratch.run_sums);
+    launch(channel_run_sums_kernel<T>, {grid_for(layout.channels * scratch.runs)}, stream, layout,
+           input, scratch.runs, scratch.run_sums);
     check_launch("dropit channel_run_sums_kernel");
   }
-  channel_keys_kernel<><<<grid_for(layout.channels), block_threads, 0, stream>>>(
-      scratch.run_sums, scratch.runs, layout.channels, scratch.channel_keys);
+  launch(channel_keys_kernel<>, {grid_for(layout.channels)}, stream, scratch.run_sums, scratch.runs,
+         layout.channels, scratch.channel_keys);
   check_launch("dropit channel_keys_kernel");
   select_global<std::uint64_t, 64>(stream, stored_keys<std::uint64_t>{scratch.channel_keys},
                                    layout.channels, layout.kept_channels, scratch.select,
@@ -322,8 +328,7 @@ void compress_channels(cudaStream_t stream, const T* input, const cache_view<T>&
   }
   select_channels(stream, layout, input, scratch, list);
   if (count == 0) return;
-  channel_gather_kernel<T>
-      <<<grid_for_walk(count), block_threads, 0, stream>>>(layout, input, list, out.values);
+  launch(channel_gather_kernel<T>, {grid_for_walk(count)}, stream, layout, input, list, out.values);
   check_launch("dropit channel_gather_kernel");
 }
 
@@ -335,8 +340,8 @@ void transpose_channels_last(cudaStream_t stream, const T* input, T* out,
   const channels_last_tiles tiles(d);
   if (tiles.count == 0) return;
   using bits = element_bits<T>;
-  transpose_channels_last_kernel<bits><<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(
-      reinterpret_cast<const bits*>(input), reinterpret_cast<bits*>(out), d);
+  launch(transpose_channels_last_kernel<bits>, {grid_for(tiles.count, 1)}, stream,
+         reinterpret_cast<const bits*>(input), reinterpret_cast<bits*>(out), d);
   check_launch("dropit transpose_channels_last_kernel");
 }
 
@@ -407,9 +412,8 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
     case position_encoding::bitmask: {
       const auto* words = static_cast<const std::uint32_t*>(cache.positions);
       if (layout.mask_words_per_chunk() <= max_chunk_mask_words) {
-        chunk_densify_kernel<T, Out>
-            <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(layout, words,
-                                                                              cache.values, out);
+        launch(chunk_densify_kernel<T, Out>, {grid_for(layout.chunk_count(), 1)}, stream, layout,
+               words, cache.values, out);
         check_launch("dropit chunk_densify_kernel");
         return;
       }
@@ -417,16 +421,15 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
       check(cudaMemsetAsync(scratch.mask_zeroed, 0,
                             lookback_tiles::zeroed_words(tiles) * sizeof(std::uint32_t), stream),
             "densify: clearing the counters");
-      mask_densify_kernel<T, Out><<<grid_for(tiles, 1), block_threads, 0, stream>>>(
-          layout, words, mask_word_count(layout), scratch.mask_tiles, cache.values, out);
+      launch(mask_densify_kernel<T, Out>, {grid_for(tiles, 1)}, stream, layout, words,
+             mask_word_count(layout), scratch.mask_tiles, cache.values, out);
       check_launch("dropit mask_densify_kernel");
       return;
     }
     case position_encoding::offsets: {
       if (layout.offset_bytes == 2) {  // chunks of at most 2^16: one launch
-        chunk_scatter_offsets_kernel<T, Out>
-            <<<grid_for(layout.chunk_count(), 1), block_threads, 0, stream>>>(
-                layout, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
+        launch(chunk_scatter_offsets_kernel<T, Out>, {grid_for(layout.chunk_count(), 1)}, stream,
+               layout, cache.values, static_cast<const std::uint16_t*>(cache.positions), out);
         check_launch("dropit chunk_scatter_offsets_kernel");
         return;
       }
@@ -434,8 +437,8 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
             "densify: zeroing the output");
       const std::int64_t kept = layout.kept();
       if (kept == 0) return;
-      scatter_offsets_kernel<T, Out><<<grid_for_walk(kept), block_threads, 0, stream>>>(
-          layout, kept, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
+      launch(scatter_offsets_kernel<T, Out>, {grid_for_walk(kept)}, stream, layout, kept,
+             cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
       check_launch("dropit scatter_offsets_kernel");
       return;
     }
@@ -461,9 +464,8 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
   }
   if (layout.channels <= channel_map_in_block_limit) {  // one launch
     // Blocks enough to fill the device, few enough that building the map stays cheap.
-    channel_densify_kernel<T, Out, true>
-        <<<grid_for_walk(count), block_threads, 0, stream>>>(layout, list, nullptr, cache.values,
-                                                             out);
+    launch(channel_densify_kernel<T, Out, true>, {grid_for_walk(count)}, stream, layout, list,
+           nullptr, cache.values, out);
     check_launch("dropit channel_densify_kernel");
     return;
   }
@@ -471,12 +473,12 @@ void densify_channels(cudaStream_t stream, const cache_view<const T>& cache, Out
                         static_cast<std::size_t>(layout.channels) * sizeof(std::int32_t), stream),
         "densify: clearing the channel map");
   if (layout.kept_channels > 0) {
-    channel_map_kernel<><<<grid_for(layout.kept_channels), block_threads, 0, stream>>>(
-        list, layout.kept_channels, scratch.slot_of);
+    launch(channel_map_kernel<>, {grid_for(layout.kept_channels)}, stream, list,
+           layout.kept_channels, scratch.slot_of);
     check_launch("dropit channel_map_kernel");
   }
-  channel_densify_kernel<T, Out, false><<<grid_for_walk(count), block_threads, 0, stream>>>(
-      layout, list, scratch.slot_of, cache.values, out);
+  launch(channel_densify_kernel<T, Out, false>, {grid_for_walk(count)}, stream, layout, list,
+         scratch.slot_of, cache.values, out);
   check_launch("dropit channel_densify_kernel");
 }
 
@@ -518,8 +520,7 @@ void pack_relu_mask(cudaStream_t stream, const T* x, T* y, std::int64_t n, std::
   if (n == 0) return;
   with_vector_width<T>({x, y}, [&](auto width) {
     constexpr int V = decltype(width)::value;
-    pack_relu_mask_kernel<T, V>
-        <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(x, y, n, words);
+    launch(pack_relu_mask_kernel<T, V>, {grid_for_tiles(n, 32 * V)}, stream, x, y, n, words);
   });
   check_launch("dropit pack_relu_mask_kernel");
 }
@@ -530,8 +531,7 @@ void apply_relu_mask(cudaStream_t stream, const std::uint32_t* words, const T* d
   if (n == 0) return;
   with_vector_width<T>({dy, dx}, [&](auto width) {
     constexpr int V = decltype(width)::value;
-    apply_relu_mask_kernel<T, V>
-        <<<grid_for_tiles(n, 32 * V), block_threads, 0, stream>>>(words, dy, dx, n);
+    launch(apply_relu_mask_kernel<T, V>, {grid_for_tiles(n, 32 * V)}, stream, words, dy, dx, n);
   });
   check_launch("dropit apply_relu_mask_kernel");
 }
@@ -541,8 +541,8 @@ void pack_relu_mask_channels_last(cudaStream_t stream, const T* x, T* y,
                                   const channels_last_dims& d, std::uint32_t* words) {
   const channels_last_tiles tiles(d);
   if (tiles.count == 0) return;
-  pack_relu_mask_channels_last_kernel<T>
-      <<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(x, y, d, words);
+  launch(pack_relu_mask_channels_last_kernel<T>, {grid_for(tiles.count, 1)}, stream, x, y, d,
+         words);
   check_launch("dropit pack_relu_mask_channels_last_kernel");
 }
 
@@ -551,8 +551,8 @@ void apply_relu_mask_channels_last(cudaStream_t stream, const std::uint32_t* wor
                                    T* dx, const channels_last_dims& d) {
   const channels_last_tiles tiles(d);
   if (tiles.count == 0) return;
-  apply_relu_mask_channels_last_kernel<T>
-      <<<grid_for(tiles.count, 1), block_threads, 0, stream>>>(words, dy, dx, d);
+  launch(apply_relu_mask_channels_last_kernel<T>, {grid_for(tiles.count, 1)}, stream, words, dy, dx,
+         d);
   check_launch("dropit apply_relu_mask_channels_last_kernel");
 }
 

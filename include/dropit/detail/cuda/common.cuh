@@ -39,6 +39,44 @@ namespace dropit::detail::cuda {
 /// Threads of every block the backend launches.
 inline constexpr int block_threads = 256;
 
+// ---------------------------------------------------------------------------------------------
+// Launches. Every kernel is launched here, and reads its dynamic shared memory from here: the
+// backend's tests also compile the kernels as host code for a CPU emulation of the device
+// (tests/cuda/emulation, which defines DROPIT_CUDA_EMULATION and runs the launches).
+
+/// A launch's grid, its dynamic shared memory per block, and its blocks.
+struct launch_shape {
+  dim3 grid;
+  std::size_t shared_bytes = 0;
+  dim3 block = dim3(block_threads);
+};
+
+/// `kernel<<<shape..., stream>>>(args...)`, each argument converted to the kernel's parameter type.
+template <class... Params>
+void launch(void (*kernel)(Params...), const launch_shape& shape, cudaStream_t stream,
+            std::type_identity_t<Params>... args) {
+#if defined(DROPIT_CUDA_EMULATION)
+  static_cast<void>(stream);
+  ::dropit_emulation::run_grid(shape.grid, shape.block, shape.shared_bytes,
+                               [&] { kernel(args...); });
+#else
+  // clang-format off
+  kernel<<<shape.grid, shape.block, shape.shared_bytes, stream>>>(args...);
+  // clang-format on
+#endif
+}
+
+/// The block's dynamic shared memory: the bytes its launch asked for, 16-byte aligned.
+template <class Item>
+__device__ inline Item* dynamic_shared_memory() {
+#if defined(DROPIT_CUDA_EMULATION)
+  return static_cast<Item*>(::dropit_emulation::dynamic_shared_memory());
+#else
+  extern __shared__ uint4 dynamic_shared_storage[];
+  return reinterpret_cast<Item*>(dynamic_shared_storage);
+#endif
+}
+
 /// Grid-stride loops everywhere, so no grid exceeds this many blocks whatever the size.
 inline constexpr std::int64_t max_blocks = std::int64_t{1} << 20;
 

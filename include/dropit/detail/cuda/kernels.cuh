@@ -99,8 +99,7 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
   constexpr int key_bits = traits::ranks_values ? magnitude_key_bits<T> : 32;
   __shared__ block_select_storage select_storage;
   __shared__ emit_storage emit;
-  extern __shared__ uint4 staged_storage[];
-  item* staged = reinterpret_cast<item*>(staged_storage);
+  item* const staged = dynamic_shared_memory<item>();
   // Chunk by chunk without the layout's counts, which divide (a 64-bit division is a call whose
   // results, live across the loop, spill on sm_80).
   const std::int64_t numel = layout.numel();

@@ -144,8 +144,8 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
       const std::int64_t outputs = d.out_features * d.in_features;
       gemm_linear_weight_grad<T>(stream, dense, dz, scratch.dw_sum, d, false, allow_tf32,
                                  scratch.cublas_workspace);
-      store_gradient_kernel<T>
-          <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
+      launch(store_gradient_kernel<T>, {grid_for(outputs)}, stream, scratch.dw_sum, dw, outputs,
+             mode);
       check_launch("dropit store_gradient_kernel");
     }
     return;
@@ -154,8 +154,8 @@ void linear_weight_grad(cudaStream_t stream, const cache_view<const T>& a, const
   densify<T, float>(stream, a, dense, scratch.reading);
   const std::int64_t tiles = ((d.in_features + gemm_tile - 1) / gemm_tile) *
                              ((d.out_features + gemm_tile - 1) / gemm_tile);
-  linear_weight_grad_kernel<T><<<grid_for(tiles, 1), block_threads, 0, stream>>>(
-      dense, dz, dw, d.rows, d.in_features, d.out_features, mode);
+  launch(linear_weight_grad_kernel<T>, {grid_for(tiles, 1)}, stream, dense, dz, dw, d.rows,
+         d.in_features, d.out_features, mode);
   check_launch("dropit linear_weight_grad_kernel");
 }
 
@@ -168,8 +168,7 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
   if (!conv2d_uses_cublas<T>(x.layout)) {
     float* dense = static_cast<float*>(scratch.gradient.dense);
     densify<T, float>(stream, x, dense, scratch.gradient.reading);
-    conv2d_weight_grad_kernel<T>
-        <<<grid_for(outputs, 1), block_threads, 0, stream>>>(g, dense, dz, dw, mode);
+    launch(conv2d_weight_grad_kernel<T>, {grid_for(outputs, 1)}, stream, g, dense, dz, dw, mode);
     check_launch("dropit conv2d_weight_grad_kernel");
     return;
   }
@@ -193,17 +192,16 @@ void conv2d_weight_grad(cudaStream_t stream, const cache_view<const T>& x, const
     const std::int64_t samples = std::min(scratch.block_samples, g.batch - first);
     const std::int64_t column_items =
         g.in_channels * g.kernel_h * g.kernel_w * samples * pixels;
-    conv2d_columns_kernel<T><<<grid_for_walk(column_items), block_threads, 0, stream>>>(
-        g, dense, first, samples, columns);
+    launch(conv2d_columns_kernel<T>, {grid_for_walk(column_items)}, stream, g, dense, first,
+           samples, columns);
     check_launch("dropit conv2d_columns_kernel");
-    conv2d_dz_rows_kernel<T><<<grid_for_walk(g.out_channels * samples * pixels), block_threads,
-                               0, stream>>>(g, dz, first, samples, dz_rows);
+    launch(conv2d_dz_rows_kernel<T>, {grid_for_walk(g.out_channels * samples * pixels)}, stream, g,
+           dz, first, samples, dz_rows);
     check_launch("dropit conv2d_dz_rows_kernel");
     gemm_conv2d_weight_grad<T>(stream, columns, dz_rows, scratch.dw_sum, g, samples, first > 0,
                                allow_tf32, scratch.gradient.cublas_workspace);
   }
-  store_gradient_kernel<T>
-      <<<grid_for(outputs), block_threads, 0, stream>>>(scratch.dw_sum, dw, outputs, mode);
+  launch(store_gradient_kernel<T>, {grid_for(outputs)}, stream, scratch.dw_sum, dw, outputs, mode);
   check_launch("dropit store_gradient_kernel");
 }
 
