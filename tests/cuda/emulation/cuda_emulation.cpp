@@ -1,0 +1,479 @@
+// The emulated device's scheduler and the CUDA runtime functions the backend and its tests call
+// (see cuda_emulation.hpp): memory is host memory, every operation completes before it returns,
+// and a launch runs its blocks one after the other, each block's threads as fibers.
+
+#include "cuda_emulation.hpp"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace dropit_emulation {
+namespace {
+
+constexpr std::size_t fiber_stack_bytes = 256 * 1024;
+/// Waits at __nanosleep after which a thread is taken to spin forever (on a block that runs after
+/// its own, or never).
+constexpr unsigned spin_limit = 1u << 22;
+
+/// Threads that wait until all live ones have arrived; a thread that exits stops being awaited.
+struct barrier {
+  unsigned expected = 0, arrived = 0;
+  std::uint64_t generation = 0;
+  /// Releases the waiting threads where no live one is missing.
+  void release_if_complete() {
+    if (arrived != 0 && arrived == expected) {
+      arrived = 0;
+      ++generation;
+    }
+  }
+};
+
+/// A warp's collectives: each lane writes its value and waits for the others'; the lane whose
+/// arrival completes the round (or whose exit does) records which lanes took part, and every lane
+/// then reads the values. Consecutive rounds alternate between two buffers: a lane writes a buffer
+/// again two rounds later, after every lane has passed the barrier of the round between, and so
+/// has read it.
+struct warp {
+  barrier sync;
+  std::uint64_t values[2][32] = {};
+  std::uint32_t taking_part = 0;    // lanes arrived in the current round
+  std::uint32_t took_part[2] = {};  // by buffer: the lanes of its last completed round
+  unsigned buffer = 0;              // the current round's
+
+  void complete_round() {
+    took_part[buffer] = taking_part;
+    taking_part = 0;
+    buffer ^= 1u;
+  }
+};
+
+// Switching between a block's threads. On x86-64, a switch saves the callee-saved registers on
+// the current stack and moves to the other stack: no system call, where swapcontext also saves the
+// signal mask (a system call on every switch, which took most of the time). The floating-point
+// control words, which no kernel changes, are not switched. Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void dropit_emulation_switch(void** save_stack, void* load_stack);
+asm(R"(
+  .text
+  .globl dropit_emulation_switch
+  .type dropit_emulation_switch, @function
+dropit_emulation_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size dropit_emulation_switch, .-dropit_emulation_switch
+)");
+
+struct context {
+  void* stack_pointer = nullptr;
+};
+/// Prepares `c` to start `entry` (which must never return) on the stack [stack, stack + bytes).
+void start_context(context& c, std::byte* stack, std::size_t bytes, void (*entry)(), context*) {
+  auto top = reinterpret_cast<std::uintptr_t>(stack + bytes) & ~std::uintptr_t{15};
+  auto* slots = reinterpret_cast<std::uint64_t*>(top);
+  *--slots = 0;                                       // entry's "return address": rsp % 16 == 8
+  *--slots = reinterpret_cast<std::uint64_t>(entry);  // where the switch's ret goes
+  for (int r = 0; r < 6; ++r) *--slots = 0;           // rbp, rbx, r12 .. r15
+  c.stack_pointer = slots;
+}
+void switch_context(context& from, context& to) {
+  dropit_emulation_switch(&from.stack_pointer, to.stack_pointer);
+}
+#else
+struct context {
+  ucontext_t state{};
+};
+void start_context(context& c, std::byte* stack, std::size_t bytes, void (*entry)(),
+                   context* back) {
+  getcontext(&c.state);
+  c.state.uc_stack.ss_sp = stack;
+  c.state.uc_stack.ss_size = bytes;
+  c.state.uc_link = &back->state;
+  makecontext(&c.state, entry, 0);
+}
+void switch_context(context& from, context& to) { swapcontext(&from.state, &to.state); }
+#endif
+
+struct fiber {
+  context resume;
+  std::unique_ptr<std::byte[]> stack;
+  thread_position position{};
+  unsigned warp = 0, lane = 0;
+  const std::uint64_t* waiting_on = nullptr;  // a barrier's generation, until it moves on
+  std::uint64_t waiting_from = 0;
+  unsigned spins = 0;
+  bool finished = false;
+
+  bool runnable() const {
+    return !finished && (waiting_on == nullptr || *waiting_on != waiting_from);
+  }
+};
+
+/// One block being run on the calling host thread.
+struct block_run {
+  std::vector<fiber> fibers;  // kept between launches: their stacks are reused
+  unsigned threads = 0;
+  std::vector<warp> warps;
+  barrier block;
+  std::vector<uint4> shared;  // dynamic shared memory
+  const std::function<void()>* body = nullptr;
+  context scheduler;  // run_block, to which a thread returns when none can run
+  unsigned running = 0;
+  bool spinning_forever = false;
+};
+
+thread_local block_run* active = nullptr;
+std::mutex launch_mutex;  // `__shared__` variables are statics: one launch at a time
+
+fiber& running_fiber() {
+  if (active == nullptr) {
+    std::fprintf(stderr, "emulated CUDA: a device function was called outside a launch\n");
+    std::abort();
+  }
+  return active->fibers[active->running];
+}
+
+/// Switches from the running thread (waiting, spinning or exited) to the next one in ring order
+/// that can run, itself last where `self_last`; to the scheduler where none can.
+void switch_away(bool self_last) {
+  block_run& run = *active;
+  fiber& self = run.fibers[run.running];
+  const unsigned steps = self_last ? run.threads : run.threads - 1;
+  for (unsigned step = 1; step <= steps; ++step) {
+    const unsigned t = (run.running + step) % run.threads;
+    fiber& next = run.fibers[t];
+    if (!next.runnable()) continue;
+    if (t == run.running) return;  // the spinning thread itself, the only one that can run
+    next.waiting_on = nullptr;
+    run.running = t;
+    current_position = &next.position;
+    switch_context(self.resume, next.resume);
+    return;
+  }
+  switch_context(self.resume, run.scheduler);
+}
+
+void wait_at(barrier& b) {
+  ++b.arrived;
+  if (b.arrived == b.expected) {
+    b.arrived = 0;
+    ++b.generation;
+    return;
+  }
+  fiber& f = running_fiber();
+  f.waiting_on = &b.generation;
+  f.waiting_from = b.generation;
+  switch_away(false);
+}
+
+void fiber_main() {
+  (*active->body)();
+  fiber& f = running_fiber();
+  f.finished = true;
+  // An exited thread is no longer awaited at its block's and warp's barriers.
+  warp& w = active->warps[f.warp];
+  --w.sync.expected;
+  if (w.sync.arrived != 0 && w.sync.arrived == w.sync.expected) w.complete_round();
+  w.sync.release_if_complete();
+  --active->block.expected;
+  active->block.release_if_complete();
+  switch_away(false);  // never resumed
+  std::abort();
+}
+
+/// Where thread t's stack starts: staggered by a cache line per thread, so that the tops of the
+/// stacks (equal multiples of the page size apart) do not all fall in one set of the caches.
+std::size_t stack_bytes_of(unsigned t) { return fiber_stack_bytes - 64 * (t % 64); }
+
+void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
+  const unsigned threads = block.x * block.y * block.z;
+  run.threads = threads;
+  run.block = barrier{threads, 0, 0};
+  run.warps.assign((threads + 31) / 32, warp{});
+  for (unsigned w = 0; w < run.warps.size(); ++w) {
+    const unsigned lanes = std::min(32u, threads - 32 * w);
+    run.warps[w].sync = barrier{lanes, 0, 0};
+  }
+  // Shared memory holds garbage on a device: reads of what no thread wrote show up.
+  std::memset(run.shared.data(), 0xa5, run.shared.size() * sizeof(uint4));
+  if (run.fibers.size() < threads) run.fibers.resize(threads);
+  for (unsigned t = 0; t < threads; ++t) {
+    fiber& f = run.fibers[t];
+    if (!f.stack) f.stack = std::make_unique<std::byte[]>(fiber_stack_bytes);
+    f.position = {uint3{t % block.x, t / block.x % block.y, t / (block.x * block.y)}, block_index,
+                  block, grid};
+    f.warp = t / 32;
+    f.lane = t % 32;
+    f.waiting_on = nullptr;
+    f.spins = 0;
+    f.finished = false;
+    start_context(f.resume, f.stack.get(), stack_bytes_of(t), fiber_main, &run.scheduler);
+  }
+  // The threads switch among themselves (a thread runs until it waits or exits) and come back
+  // here when none can run: all have exited, or the block is stuck.
+  run.running = 0;
+  run.spinning_forever = false;
+  current_position = &run.fibers[0].position;
+  switch_context(run.scheduler, run.fibers[0].resume);
+  const std::string block_name =
+      "block (" + std::to_string(block_index.x) + ", " + std::to_string(block_index.y) + ")";
+  if (run.spinning_forever)
+    throw std::runtime_error("emulated CUDA: thread " + std::to_string(run.running) + " of " +
+                             block_name + " spins forever at __nanosleep");
+  for (unsigned t = 0; t < threads; ++t)
+    if (!run.fibers[t].finished)
+      throw std::runtime_error("emulated CUDA: deadlock in " + block_name +
+                               ": its live threads all wait at barriers (__syncthreads or a warp "
+                               "collective) that others never reach");
+}
+
+}  // namespace
+
+constinit thread_local const thread_position* current_position = nullptr;
+
+void sync_block() { wait_at(active->block); }
+
+void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32],
+                      std::uint32_t& taking_part) {
+  fiber& f = running_fiber();
+  warp& w = active->warps[f.warp];
+  const unsigned buffer = w.buffer;
+  w.values[buffer][f.lane] = value;
+  w.taking_part |= 1u << f.lane;
+  if (w.sync.arrived + 1 == w.sync.expected) w.complete_round();
+  wait_at(w.sync);
+  taking_part = w.took_part[buffer];
+  for (unsigned lane = 0; lane < 32; ++lane)
+    values[lane] = (taking_part >> lane) & 1u ? w.values[buffer][lane] : 0;
+}
+
+void yield_spinning() {
+  fiber& f = running_fiber();
+  if (++f.spins > spin_limit) {
+    active->spinning_forever = true;
+    switch_context(f.resume, active->scheduler);  // never resumed
+  }
+  switch_away(true);
+}
+
+void* dynamic_shared_memory() {
+  running_fiber();
+  return active->shared.data();
+}
+
+void expect_full_mask(unsigned mask, const char* intrinsic) {
+  if (mask == 0xffffffffu) return;
+  std::fprintf(stderr, "emulated CUDA: %s with mask %#x: only full warps are emulated\n", intrinsic,
+               mask);
+  std::abort();
+}
+
+void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
+  const std::lock_guard<std::mutex> lock(launch_mutex);
+  thread_local block_run run;
+  run.body = &body;
+  run.shared.assign((shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
+  block_run* const outer = active;
+  active = &run;
+  try {
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) run_block(run, grid, block, uint3{x, y, z});
+  } catch (...) {
+    active = outer;
+    current_position = nullptr;
+    throw;
+  }
+  active = outer;
+  current_position = nullptr;
+}
+
+}  // namespace dropit_emulation
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA runtime, emulated: one device, 0, whose memory is host memory from cudaMalloc.
+
+namespace {
+
+thread_local cudaError_t last_error = cudaSuccess;
+std::mutex allocations_mutex;
+std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes
+
+cudaError_t record(cudaError_t status) {
+  if (status != cudaSuccess) last_error = status;
+  return status;
+}
+
+bool is_device_memory(const void* pointer) {
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  const std::lock_guard<std::mutex> lock(allocations_mutex);
+  auto it = allocations.upper_bound(address);
+  if (it == allocations.begin()) return false;
+  --it;
+  return address < it->first + std::max<std::size_t>(it->second, 1);
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** pointer, size_t bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+  *pointer = std::aligned_alloc(256, rounded);
+  if (*pointer == nullptr) return record(cudaErrorMemoryAllocation);
+  const std::lock_guard<std::mutex> lock(allocations_mutex);
+  allocations[reinterpret_cast<std::uintptr_t>(*pointer)] = bytes;
+  return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* pointer) {
+  if (pointer == nullptr) return cudaSuccess;
+  {
+    const std::lock_guard<std::mutex> lock(allocations_mutex);
+    if (allocations.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
+      return record(cudaErrorInvalidValue);
+  }
+  std::free(pointer);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) {
+  if (bytes != 0) std::memmove(to, from, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t) {
+  return cudaMemcpy(to, from, bytes, kind);
+}
+cudaError_t cudaMemset(void* pointer, int value, size_t bytes) {
+  if (bytes != 0) std::memset(pointer, value, bytes);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* pointer, int value, size_t bytes, cudaStream_t) {
+  return cudaMemset(pointer, value, bytes);
+}
+
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned) {
+  *stream = reinterpret_cast<cudaStream_t>(new int(0));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete reinterpret_cast<int*>(stream);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
+cudaError_t cudaPeekAtLastError() { return last_error; }
+const char* cudaGetErrorName(cudaError_t error) {
+  switch (error) {
+    case cudaSuccess:
+      return "cudaSuccess";
+    case cudaErrorInvalidValue:
+      return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation:
+      return "cudaErrorMemoryAllocation";
+    case cudaErrorInvalidDevice:
+      return "cudaErrorInvalidDevice";
+    case cudaErrorNotSupported:
+      return "cudaErrorNotSupported";
+    default:
+      return "cudaErrorUnknown";
+  }
+}
+const char* cudaGetErrorString(cudaError_t error) { return cudaGetErrorName(error); }
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* device) {
+  *device = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  return device == 0 ? cudaSuccess : record(cudaErrorInvalidDevice);
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
+  if (device != 0) return record(cudaErrorInvalidDevice);
+  *properties = cudaDeviceProp{};
+  std::snprintf(properties->name, sizeof properties->name, "CPU emulation of a CUDA device");
+  properties->major = 9;
+  properties->minor = 0;
+  properties->multiProcessorCount = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
+  if (device != 0) return record(cudaErrorInvalidDevice);
+  switch (attribute) {
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 * 1024;
+      return cudaSuccess;
+    case cudaDevAttrCooperativeLaunch:
+      *value = 1;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 1;
+      return cudaSuccess;
+    case cudaDevAttrPageableMemoryAccess:
+      *value = 0;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = 9;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = 0;
+      return cudaSuccess;
+    default:
+      return record(cudaErrorInvalidValue);
+  }
+}
+cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
+  *attributes = cudaPointerAttributes{};
+  if (is_device_memory(pointer)) {
+    attributes->type = cudaMemoryTypeDevice;
+    attributes->device = 0;
+    attributes->devicePointer = const_cast<void*>(pointer);
+  } else {
+    attributes->type = cudaMemoryTypeUnregistered;
+    attributes->device = -2;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
+  *attributes = cudaFuncAttributes{};
+  attributes->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int, size_t) {
+  *blocks = 1;  // with one multiprocessor: cooperative launches get one block
+  return cudaSuccess;
+}
+cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
+  return record(cudaErrorNotSupported);  // cooperative launches go through launch() too
+}
+
+}  // extern "C"

@@ -1,0 +1,235 @@
+#pragma once
+// The CUDA device emulated on the CPU, for the CUDA backend's tests on machines without a GPU.
+//
+// A translation unit compiled by the host compiler with this header first (-include) and
+// tests/cuda/emulation/include before the toolkit's headers compiles the backend's kernels as plain
+// C++; the CUDA runtime functions the backend and its tests call are defined by
+// cuda_emulation.cpp instead of libcudart. A launch (detail/cuda/common.cuh's `launch`) runs its
+// blocks one after the other, each block's threads as fibers of the calling host thread, switched
+// only where a thread waits: at __syncthreads, at a warp collective (__ballot_sync, __shfl_sync,
+// __all_sync) until all lanes of its warp have reached one, and at __nanosleep. So the kernels'
+// index arithmetic, their warp and block collectives and their shared-memory protocols run for
+// real; what only hardware shows (timing, races between unsynchronised threads that the fixed
+// schedule happens to order, memory ordering across blocks, resource limits) does not.
+//
+// Emulated launches run one at a time in the process (`__shared__` variables are function
+// statics, one per kernel), and a cooperative launch gets one block (the device reports one
+// multiprocessor holding one block), so the grid-wide barrier is the block's.
+
+#include <cuda_runtime.h>  // the runtime API's declarations and vector types, host side
+
+#include <atomic>
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <type_traits>
+
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __constant__
+#undef __forceinline__
+#undef __noinline__
+#undef __launch_bounds__
+#define __global__ inline
+#define __device__
+#define __host__
+#define __shared__ static
+#define __constant__ static
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+
+#define DROPIT_CUDA_EMULATION 1
+
+namespace dropit_emulation {
+
+/// What a thread of a launch knows of itself (CUDA's built-in variables).
+struct thread_position {
+  uint3 thread, block;
+  dim3 block_dim, grid_dim;
+};
+/// The running thread's (null outside a launch).
+extern constinit thread_local const thread_position* current_position;
+inline const thread_position& position() { return *current_position; }
+
+void sync_block();
+/// A warp collective: `value` of each lane of the calling warp that takes part (every lane that
+/// has not exited), by lane, 0 for the others; `taking_part` has their bits.
+void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32], std::uint32_t& taking_part);
+void yield_spinning();
+void* dynamic_shared_memory();
+
+/// Runs `grid` x `block` threads of `body`, blocks one after the other, with `shared_bytes` of
+/// dynamic shared memory per block.
+void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body);
+
+template <class T>
+T exchanged(std::uint64_t bits) {
+  static_assert(sizeof(T) <= sizeof(std::uint64_t) && std::is_trivially_copyable_v<T>);
+  T value;
+  std::memcpy(&value, &bits, sizeof(T));
+  return value;
+}
+template <class T>
+std::uint64_t exchangeable(const T& value) {
+  static_assert(sizeof(T) <= sizeof(std::uint64_t) && std::is_trivially_copyable_v<T>);
+  std::uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(T));
+  return bits;
+}
+void expect_full_mask(unsigned mask, const char* intrinsic);
+
+}  // namespace dropit_emulation
+
+#define threadIdx (::dropit_emulation::position().thread)
+#define blockIdx (::dropit_emulation::position().block)
+#define blockDim (::dropit_emulation::position().block_dim)
+#define gridDim (::dropit_emulation::position().grid_dim)
+
+inline void __syncthreads() { ::dropit_emulation::sync_block(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  std::uint64_t values[32];
+  std::uint32_t taking_part = 0;
+  ::dropit_emulation::expect_full_mask(mask, "__syncwarp");
+  ::dropit_emulation::exchange_in_warp(0, values, taking_part);
+}
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __nanosleep(unsigned) { ::dropit_emulation::yield_spinning(); }
+
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  ::dropit_emulation::expect_full_mask(mask, "__ballot_sync");
+  std::uint64_t values[32];
+  std::uint32_t taking_part = 0;
+  ::dropit_emulation::exchange_in_warp(predicate != 0, values, taking_part);
+  unsigned bits = 0;
+  for (int lane = 0; lane < 32; ++lane) bits |= (values[lane] != 0 ? 1u : 0u) << lane;
+  return bits;
+}
+inline int __all_sync(unsigned mask, int predicate) {
+  ::dropit_emulation::expect_full_mask(mask, "__all_sync");
+  std::uint64_t values[32];
+  std::uint32_t taking_part = 0;
+  ::dropit_emulation::exchange_in_warp(predicate != 0, values, taking_part);
+  for (int lane = 0; lane < 32; ++lane)
+    if (((taking_part >> lane) & 1u) != 0 && values[lane] == 0) return 0;
+  return 1;
+}
+inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
+template <class T>
+T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
+  ::dropit_emulation::expect_full_mask(mask, "__shfl_sync");
+  std::uint64_t values[32];
+  std::uint32_t taking_part = 0;
+  ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
+                                       taking_part);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  return ::dropit_emulation::exchanged<T>(values[lane / width * width + source % width]);
+}
+template <class T>
+T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
+  ::dropit_emulation::expect_full_mask(mask, "__shfl_xor_sync");
+  std::uint64_t values[32];
+  std::uint32_t taking_part = 0;
+  ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
+                                       taking_part);
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int source = lane ^ lane_mask;
+  return ::dropit_emulation::exchanged<T>(values[source / width == lane / width ? source : lane]);
+}
+
+inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __popcll(unsigned long long x) { return std::popcount(x); }
+inline int __clz(unsigned x) { return std::countl_zero(x); }
+inline int __clzll(unsigned long long x) { return std::countl_zero(x); }
+inline int __ffs(unsigned x) { return x == 0 ? 0 : std::countr_zero(x) + 1; }
+inline int __ffsll(unsigned long long x) { return x == 0 ? 0 : std::countr_zero(x) + 1; }
+inline unsigned __brev(unsigned x) {
+  unsigned r = 0;
+  for (int b = 0; b < 32; ++b) r |= ((x >> b) & 1u) << (31 - b);
+  return r;
+}
+
+/// Loads that bypass or prefer caches: plain loads here.
+template <class T>
+T __ldcg(const T* address) {
+  return *address;
+}
+template <class T>
+T __ldg(const T* address) {
+  return *address;
+}
+
+// Arithmetic of the device's math library that the backend's kernels call.
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
+inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
+inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
+inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
+template <class T>
+T min(T a, T b) {
+  return b < a ? b : a;
+}
+template <class T>
+T max(T a, T b) {
+  return a < b ? b : a;
+}
+
+template <class T>
+T atomicAdd(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_add(value);
+}
+template <class T>
+T atomicOr(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_or(value);
+}
+template <class T>
+T atomicAnd(T* address, T value) {
+  return std::atomic_ref<T>(*address).fetch_and(value);
+}
+template <class T>
+T atomicMax(T* address, T value) {
+  std::atomic_ref<T> a(*address);
+  T old = a.load();
+  while (old < value && !a.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+template <class T>
+T atomicMin(T* address, T value) {
+  std::atomic_ref<T> a(*address);
+  T old = a.load();
+  while (value < old && !a.compare_exchange_weak(old, value)) {
+  }
+  return old;
+}
+template <class T>
+T atomicExch(T* address, T value) {
+  return std::atomic_ref<T>(*address).exchange(value);
+}
+template <class T>
+T atomicCAS(T* address, T expected, T desired) {
+  std::atomic_ref<T>(*address).compare_exchange_strong(expected, desired);
+  return expected;
+}
+
+// The runtime's C++ overloads taking a kernel, which cuda_runtime.h declares for nvcc only.
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel* kernel) {
+  return cudaFuncGetAttributes(attributes, reinterpret_cast<const void*>(kernel));
+}
+template <class Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attribute, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel), attribute, value);
+}
+template <class Kernel>
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Kernel* kernel,
+                                                          int block_size, std::size_t shared) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, reinterpret_cast<const void*>(kernel), block_size, shared);
+}
