@@ -15,8 +15,14 @@
 #include <string>
 #include <vector>
 
+namespace {
+thread_local cudaError_t last_error = cudaSuccess;
+}  // namespace
+
 namespace dropit_emulation {
 namespace {
+
+void record_launch_failure(cudaError_t status) { last_error = status; }
 
 constexpr std::size_t fiber_stack_bytes = 256 * 1024;
 /// Waits at __nanosleep after which a thread is taken to spin forever (on a block that runs after
@@ -123,6 +129,7 @@ struct fiber {
   std::uint64_t waiting_from = 0;
   unsigned spins = 0;
   bool finished = false;
+  std::vector<std::pair<void*, const void*>> pending_copies;  // 16 bytes each, until the wait
 
   bool runnable() const {
     return !finished && (waiting_on == nullptr || *waiting_on != waiting_from);
@@ -140,7 +147,31 @@ struct block_run {
   context scheduler;  // run_block, to which a thread returns when none can run
   unsigned running = 0;
   bool spinning_forever = false;
+  std::uint64_t schedule = 0;  // the random state that draws each block's order (schedule_seed)
+  std::vector<unsigned> order;     // the block's threads in the order they take turns
+  std::vector<unsigned> turn_of;   // each thread's place in `order`
+
+  /// A pseudo-random number below `bound` (xorshift64*).
+  unsigned pick(unsigned bound) {
+    schedule ^= schedule >> 12;
+    schedule ^= schedule << 25;
+    schedule ^= schedule >> 27;
+    return static_cast<unsigned>((schedule * 0x2545f4914f6cdd1dull) >> 32) % bound;
+  }
 };
+
+/// The order in which a block's threads take turns is drawn for each block, from
+/// DROPIT_EMULATION_SEED (1 where unset): so that kernels cannot rely on an order of their threads
+/// that the hardware does not promise (lane 0 before lane 31, thread 0 first), while a seed
+/// reproduces a run.
+std::uint64_t schedule_seed() {
+  static const std::uint64_t seed = [] {
+    const char* text = std::getenv("DROPIT_EMULATION_SEED");
+    const std::uint64_t value = text != nullptr ? std::strtoull(text, nullptr, 10) : 1;
+    return value * 0x9e3779b97f4a7c15ull + 0x632be59bd9b4e019ull;  // never 0
+  }();
+  return seed;
+}
 
 thread_local block_run* active = nullptr;
 std::mutex launch_mutex;  // `__shared__` variables are statics: one launch at a time
@@ -153,14 +184,15 @@ fiber& running_fiber() {
   return active->fibers[active->running];
 }
 
-/// Switches from the running thread (waiting, spinning or exited) to the next one in ring order
-/// that can run, itself last where `self_last`; to the scheduler where none can.
+/// Switches from the running thread (waiting, spinning or exited) to the next one in the block's
+/// order that can run (itself, last, where `self_last`); to the scheduler where none can.
 void switch_away(bool self_last) {
   block_run& run = *active;
   fiber& self = run.fibers[run.running];
+  const unsigned turn = run.turn_of[run.running];
   const unsigned steps = self_last ? run.threads : run.threads - 1;
   for (unsigned step = 1; step <= steps; ++step) {
-    const unsigned t = (run.running + step) % run.threads;
+    const unsigned t = run.order[(turn + step) % run.threads];
     fiber& next = run.fibers[t];
     if (!next.runnable()) continue;
     if (t == run.running) return;  // the spinning thread itself, the only one that can run
@@ -201,6 +233,11 @@ void fiber_main() {
   std::abort();
 }
 
+void shuffle(std::vector<unsigned>& items, block_run& run) {
+  for (std::size_t i = items.size(); i > 1; --i)
+    std::swap(items[i - 1], items[run.pick(static_cast<unsigned>(i))]);
+}
+
 /// Where thread t's stack starts: staggered by a cache line per thread, so that the tops of the
 /// stacks (equal multiples of the page size apart) do not all fall in one set of the caches.
 std::size_t stack_bytes_of(unsigned t) { return fiber_stack_bytes - 64 * (t % 64); }
@@ -227,14 +264,29 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
     f.waiting_on = nullptr;
     f.spins = 0;
     f.finished = false;
+    f.pending_copies.clear();
     start_context(f.resume, f.stack.get(), stack_bytes_of(t), fiber_main, &run.scheduler);
   }
   // The threads switch among themselves (a thread runs until it waits or exits) and come back
   // here when none can run: all have exited, or the block is stuck.
-  run.running = 0;
+  // The warps in a drawn order, each warp's lanes in a drawn order, one after another (a warp's
+  // lanes next to each other in the ring, so that a completed collective finds them soon).
+  std::vector<unsigned> warp_order(run.warps.size());
+  for (unsigned w = 0; w < warp_order.size(); ++w) warp_order[w] = w;
+  shuffle(warp_order, run);
+  run.order.clear();
+  for (const unsigned w : warp_order) {
+    std::vector<unsigned> lanes;
+    for (unsigned t = 32 * w; t < std::min(threads, 32 * w + 32); ++t) lanes.push_back(t);
+    shuffle(lanes, run);
+    run.order.insert(run.order.end(), lanes.begin(), lanes.end());
+  }
+  run.turn_of.resize(threads);
+  for (unsigned turn = 0; turn < threads; ++turn) run.turn_of[run.order[turn]] = turn;
+  run.running = run.order[0];
   run.spinning_forever = false;
-  current_position = &run.fibers[0].position;
-  switch_context(run.scheduler, run.fibers[0].resume);
+  current_position = &run.fibers[run.running].position;
+  switch_context(run.scheduler, run.fibers[run.running].resume);
   const std::string block_name =
       "block (" + std::to_string(block_index.x) + ", " + std::to_string(block_index.y) + ")";
   if (run.spinning_forever)
@@ -276,6 +328,16 @@ void yield_spinning() {
   switch_away(true);
 }
 
+void copy_16_bytes_later(void* to, const void* from) {
+  running_fiber().pending_copies.emplace_back(to, from);
+}
+
+void complete_copies() {
+  fiber& f = running_fiber();
+  for (const auto& [to, from] : f.pending_copies) std::memcpy(to, from, 16);
+  f.pending_copies.clear();
+}
+
 void* dynamic_shared_memory() {
   running_fiber();
   return active->shared.data();
@@ -289,8 +351,17 @@ void expect_full_mask(unsigned mask, const char* intrinsic) {
 }
 
 void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
+  const unsigned long long threads = 1ull * block.x * block.y * block.z;
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
+      shared_bytes > 227 * 1024) {
+    record_launch_failure(cudaErrorInvalidConfiguration);  // as a launch does: nothing runs
+    return;
+  }
   const std::lock_guard<std::mutex> lock(launch_mutex);
   thread_local block_run run;
+  static std::uint64_t launches = 0;  // under the lock
+  run.schedule = schedule_seed() ^ (++launches * 0xbf58476d1ce4e5b9ull);
+  if (run.schedule == 0) run.schedule = 1;
   run.body = &body;
   run.shared.assign((shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
   block_run* const outer = active;
@@ -315,7 +386,6 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::functi
 
 namespace {
 
-thread_local cudaError_t last_error = cudaSuccess;
 std::mutex allocations_mutex;
 std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes
 
@@ -341,6 +411,7 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
   *pointer = std::aligned_alloc(256, rounded);
   if (*pointer == nullptr) return record(cudaErrorMemoryAllocation);
+  std::memset(*pointer, 0x5a, rounded);  // device memory is not zeroed either
   const std::lock_guard<std::mutex> lock(allocations_mutex);
   allocations[reinterpret_cast<std::uintptr_t>(*pointer)] = bytes;
   return cudaSuccess;

@@ -62,6 +62,9 @@ void sync_block();
 void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32], std::uint32_t& taking_part);
 void yield_spinning();
 void* dynamic_shared_memory();
+/// cp.async: the running thread's copies happen at its wait (complete_copies), not before.
+void copy_16_bytes_later(void* to, const void* from);
+void complete_copies();
 
 /// Runs `grid` x `block` threads of `body`, blocks one after the other, with `shared_bytes` of
 /// dynamic shared memory per block.
@@ -127,8 +130,9 @@ T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
   std::uint32_t taking_part = 0;
   ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
                                        taking_part);
+  // The source lane within this lane's segment of `width` lanes (a power of two).
   const int lane = static_cast<int>(threadIdx.x % 32);
-  return ::dropit_emulation::exchanged<T>(values[lane / width * width + source % width]);
+  return ::dropit_emulation::exchanged<T>(values[(lane & ~(width - 1)) | (source & (width - 1))]);
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
@@ -137,9 +141,11 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
   std::uint32_t taking_part = 0;
   ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
                                        taking_part);
+  // A source past this lane's segment of `width` lanes gives the lane its own value.
   const int lane = static_cast<int>(threadIdx.x % 32);
-  const int source = lane ^ lane_mask;
-  return ::dropit_emulation::exchanged<T>(values[source / width == lane / width ? source : lane]);
+  const int source = lane ^ (lane_mask & 31);
+  return ::dropit_emulation::exchanged<T>(source > (lane | (width - 1)) ? values[lane]
+                                                                          : values[source]);
 }
 
 inline int __popc(unsigned x) { return std::popcount(x); }

@@ -109,6 +109,8 @@ __device__ inline void copy_16_bytes_async(void* to, const void* from) {
 #if __CUDA_ARCH__ >= 800
   const auto address = static_cast<unsigned>(__cvta_generic_to_shared(to));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(address), "l"(from) : "memory");
+#elif defined(DROPIT_CUDA_EMULATION)
+  ::dropit_emulation::copy_16_bytes_later(to, from);  // as cp.async: landed only at the wait
 #else
   *static_cast<uint4*>(to) = *static_cast<const uint4*>(from);
 #endif
@@ -119,6 +121,8 @@ __device__ inline void copy_16_bytes_async(void* to, const void* from) {
 __device__ inline void wait_for_async_copies() {
 #if __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_all;\n" ::: "memory");
+#elif defined(DROPIT_CUDA_EMULATION)
+  ::dropit_emulation::complete_copies();
 #endif
 }
 

@@ -1,7 +1,11 @@
 #pragma once
 // cub::BlockReduce as the emulated device runs it (tests/cuda/emulation). As CUB documents, only
 // thread 0 receives the total: the others get a value that is not it, so that code relying on
-// theirs fails.
+// theirs fails. As with CUB, the caller must pass a barrier before the storage is used again. The
+// sum is taken in thread order, not in CUB's order: floating-point totals may differ in the last
+// bits from a GPU's.
+#include <cstdlib>
+
 #include "../../../cuda_emulation.hpp"
 
 namespace cub {
@@ -15,11 +19,12 @@ class BlockReduce {
   explicit BlockReduce(TempStorage& storage) : storage_(storage) {}
 
   T Sum(T input) {
+    if (blockDim.x != static_cast<unsigned>(BlockThreads) || blockDim.y != 1 || blockDim.z != 1)
+      std::abort();  // CUB's block algorithms are for blocks of exactly BlockThreads
     storage_.inputs[threadIdx.x] = input;
     __syncthreads();
     T total{};
     for (unsigned t = 0; t < blockDim.x; ++t) total += storage_.inputs[t];
-    __syncthreads();
     return threadIdx.x == 0 ? total : total + T(1) + total;
   }
 

@@ -1,7 +1,10 @@
 #pragma once
 // cub::BlockScan as the emulated device runs it (tests/cuda/emulation): every thread's input
-// through shared storage, a barrier, each thread's sum over the inputs of the threads up to it,
-// and a barrier before the storage may be written again.
+// through shared storage, a barrier, each thread's sum over the inputs of the threads up to it.
+// As with CUB, the caller must pass a barrier before the storage is used again: without one, a
+// thread's next input overwrites what others are still reading, and the results go wrong.
+#include <cstdlib>
+
 #include "../../../cuda_emulation.hpp"
 
 namespace cub {
@@ -29,6 +32,8 @@ class BlockScan {
  private:
   T sum_through(T input, T& total) {
     const unsigned self = threadIdx.x;
+    if (blockDim.x != static_cast<unsigned>(BlockThreads) || blockDim.y != 1 || blockDim.z != 1)
+      std::abort();  // CUB's block algorithms are for blocks of exactly BlockThreads
     storage_.inputs[self] = input;
     __syncthreads();
     T through{};
@@ -37,7 +42,6 @@ class BlockScan {
       if (t <= self) through += storage_.inputs[t];
       total += storage_.inputs[t];
     }
-    __syncthreads();
     return through;
   }
   TempStorage& storage_;
