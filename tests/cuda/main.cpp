@@ -23,10 +23,11 @@ int main(int argc, char** argv) {
                 status != cudaSuccess ? cudaGetErrorString(status) : "no device found");
     return 77;
   }
+  // On stderr: doctest's test list (stdout), which ctest's discovery reads, stays only names.
   cudaDeviceProp properties{};
   if (cudaGetDeviceProperties(&properties, 0) == cudaSuccess)
-    std::printf("CUDA device 0: %s (sm_%d%d)\n", properties.name, properties.major,
-                properties.minor);
+    std::fprintf(stderr, "CUDA device 0: %s (sm_%d%d)\n", properties.name, properties.major,
+                 properties.minor);
   doctest::Context context(argc, argv);
   return context.run();
 }
