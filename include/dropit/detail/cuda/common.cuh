@@ -126,6 +126,18 @@ __device__ inline void wait_for_async_copies() {
 #endif
 }
 
+/// `pointer` into global memory, computed here once: the compiler may not fold it into the
+/// addresses derived from it (which would redo its 64-bit arithmetic for each), so each of those
+/// is one multiply-add, and their stores stay global ones.
+template <class T>
+__device__ inline T* global_address_once(T* pointer) {
+#if defined(__CUDA_ARCH__)
+  asm("" : "+l"(pointer));
+  __builtin_assume(__isGlobal(pointer));
+#endif
+  return pointer;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Values.
 

@@ -581,7 +581,7 @@ struct value_writer {
   template <class Group>
   __device__ void operator()(const Group& g) const {
     const T* in = data + g.first;  // 32-bit offsets from the group's first candidate and slot
-    T* out = values + g.slot;
+    T* const out = global_address_once(values + g.slot);
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j)
       if (g.is_kept(j)) out[g.before[j]] = in[g.offset(j)];
@@ -620,11 +620,13 @@ struct offset_writer {
   }
   template <class Group>
   __device__ void operator()(const Group& g) const {
+    T* const out = global_address_once(values + g.slot);
+    Offset* const out_offsets = global_address_once(offsets + g.slot);
 #pragma unroll
     for (int j = 0; j < emit_rounds; ++j) {
       if (g.is_kept(j)) {
-        values[g.slot + g.before[j]] = data[g.first + g.offset(j)];
-        offsets[g.slot + g.before[j]] = static_cast<Offset>(g.first + g.offset(j));
+        out[g.before[j]] = data[g.first + g.offset(j)];
+        out_offsets[g.before[j]] = static_cast<Offset>(g.first + g.offset(j));
       }
     }
   }
