@@ -22,6 +22,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <type_traits>
@@ -86,6 +87,26 @@ std::uint64_t exchangeable(const T& value) {
 }
 void expect_full_mask(unsigned mask, const char* intrinsic);
 
+/// Aborts unless the block has exactly `threads` threads, as CUB's block algorithms require.
+inline void expect_block_of(int threads) {
+  const thread_position& p = position();
+  if (p.block_dim.x != static_cast<unsigned>(threads) || p.block_dim.y != 1 || p.block_dim.z != 1)
+    std::abort();
+}
+
+/// What a warp collective gives each lane (exchange_in_warp).
+struct warp_values {
+  std::uint64_t of_lane[32];
+  std::uint32_t taking_part = 0;
+};
+/// The collective `intrinsic` of the calling warp over `value` (full warps only, `mask` all ones).
+inline warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value) {
+  expect_full_mask(mask, intrinsic);
+  warp_values got;
+  exchange_in_warp(value, got.of_lane, got.taking_part);
+  return got;
+}
+
 }  // namespace dropit_emulation
 
 #define threadIdx (::dropit_emulation::position().thread)
@@ -95,57 +116,43 @@ void expect_full_mask(unsigned mask, const char* intrinsic);
 
 inline void __syncthreads() { ::dropit_emulation::sync_block(); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  std::uint64_t values[32];
-  std::uint32_t taking_part = 0;
-  ::dropit_emulation::expect_full_mask(mask, "__syncwarp");
-  ::dropit_emulation::exchange_in_warp(0, values, taking_part);
+  ::dropit_emulation::collective("__syncwarp", mask, 0);
 }
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { ::dropit_emulation::yield_spinning(); }
 
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
-  ::dropit_emulation::expect_full_mask(mask, "__ballot_sync");
-  std::uint64_t values[32];
-  std::uint32_t taking_part = 0;
-  ::dropit_emulation::exchange_in_warp(predicate != 0, values, taking_part);
+  const auto got = ::dropit_emulation::collective("__ballot_sync", mask, predicate != 0);
   unsigned bits = 0;
-  for (int lane = 0; lane < 32; ++lane) bits |= (values[lane] != 0 ? 1u : 0u) << lane;
+  for (int lane = 0; lane < 32; ++lane) bits |= (got.of_lane[lane] != 0 ? 1u : 0u) << lane;
   return bits;
 }
 inline int __all_sync(unsigned mask, int predicate) {
-  ::dropit_emulation::expect_full_mask(mask, "__all_sync");
-  std::uint64_t values[32];
-  std::uint32_t taking_part = 0;
-  ::dropit_emulation::exchange_in_warp(predicate != 0, values, taking_part);
+  const auto got = ::dropit_emulation::collective("__all_sync", mask, predicate != 0);
   for (int lane = 0; lane < 32; ++lane)
-    if (((taking_part >> lane) & 1u) != 0 && values[lane] == 0) return 0;
+    if (((got.taking_part >> lane) & 1u) != 0 && got.of_lane[lane] == 0) return 0;
   return 1;
 }
 inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
 template <class T>
 T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
-  ::dropit_emulation::expect_full_mask(mask, "__shfl_sync");
-  std::uint64_t values[32];
-  std::uint32_t taking_part = 0;
-  ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
-                                       taking_part);
+  const auto got =
+      ::dropit_emulation::collective("__shfl_sync", mask, ::dropit_emulation::exchangeable(value));
   // The source lane within this lane's segment of `width` lanes (a power of two).
   const int lane = static_cast<int>(threadIdx.x % 32);
-  return ::dropit_emulation::exchanged<T>(values[(lane & ~(width - 1)) | (source & (width - 1))]);
+  return ::dropit_emulation::exchanged<T>(
+      got.of_lane[(lane & ~(width - 1)) | (source & (width - 1))]);
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
-  ::dropit_emulation::expect_full_mask(mask, "__shfl_xor_sync");
-  std::uint64_t values[32];
-  std::uint32_t taking_part = 0;
-  ::dropit_emulation::exchange_in_warp(::dropit_emulation::exchangeable(value), values,
-                                       taking_part);
+  const auto got = ::dropit_emulation::collective("__shfl_xor_sync", mask,
+                                                  ::dropit_emulation::exchangeable(value));
   // A source past this lane's segment of `width` lanes gives the lane its own value.
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int source = lane ^ (lane_mask & 31);
-  return ::dropit_emulation::exchanged<T>(source > (lane | (width - 1)) ? values[lane]
-                                                                          : values[source]);
+  return ::dropit_emulation::exchanged<T>(
+      got.of_lane[source > (lane | (width - 1)) ? lane : source]);
 }
 
 inline int __popc(unsigned x) { return std::popcount(x); }
@@ -197,31 +204,6 @@ T atomicOr(T* address, T value) {
 template <class T>
 T atomicAnd(T* address, T value) {
   return std::atomic_ref<T>(*address).fetch_and(value);
-}
-template <class T>
-T atomicMax(T* address, T value) {
-  std::atomic_ref<T> a(*address);
-  T old = a.load();
-  while (old < value && !a.compare_exchange_weak(old, value)) {
-  }
-  return old;
-}
-template <class T>
-T atomicMin(T* address, T value) {
-  std::atomic_ref<T> a(*address);
-  T old = a.load();
-  while (value < old && !a.compare_exchange_weak(old, value)) {
-  }
-  return old;
-}
-template <class T>
-T atomicExch(T* address, T value) {
-  return std::atomic_ref<T>(*address).exchange(value);
-}
-template <class T>
-T atomicCAS(T* address, T expected, T desired) {
-  std::atomic_ref<T>(*address).compare_exchange_strong(expected, desired);
-  return expected;
 }
 
 // The runtime's C++ overloads taking a kernel, which cuda_runtime.h declares for nvcc only.

@@ -4,8 +4,6 @@
 // theirs fails. As with CUB, the caller must pass a barrier before the storage is used again. The
 // sum is taken in thread order, not in CUB's order: floating-point totals may differ in the last
 // bits from a GPU's.
-#include <cstdlib>
-
 #include "../../../cuda_emulation.hpp"
 
 namespace cub {
@@ -19,8 +17,7 @@ class BlockReduce {
   explicit BlockReduce(TempStorage& storage) : storage_(storage) {}
 
   T Sum(T input) {
-    if (blockDim.x != static_cast<unsigned>(BlockThreads) || blockDim.y != 1 || blockDim.z != 1)
-      std::abort();  // CUB's block algorithms are for blocks of exactly BlockThreads
+    ::dropit_emulation::expect_block_of(BlockThreads);
     storage_.inputs[threadIdx.x] = input;
     __syncthreads();
     T total{};

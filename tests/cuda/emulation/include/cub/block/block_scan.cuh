@@ -3,8 +3,6 @@
 // through shared storage, a barrier, each thread's sum over the inputs of the threads up to it.
 // As with CUB, the caller must pass a barrier before the storage is used again: without one, a
 // thread's next input overwrites what others are still reading, and the results go wrong.
-#include <cstdlib>
-
 #include "../../../cuda_emulation.hpp"
 
 namespace cub {
@@ -32,8 +30,7 @@ class BlockScan {
  private:
   T sum_through(T input, T& total) {
     const unsigned self = threadIdx.x;
-    if (blockDim.x != static_cast<unsigned>(BlockThreads) || blockDim.y != 1 || blockDim.z != 1)
-      std::abort();  // CUB's block algorithms are for blocks of exactly BlockThreads
+    ::dropit_emulation::expect_block_of(BlockThreads);
     storage_.inputs[self] = input;
     __syncthreads();
     T through{};
