@@ -16,13 +16,22 @@
 #include <vector>
 
 namespace {
+
 thread_local cudaError_t last_error = cudaSuccess;
+
+/// Records a failure as the runtime's last error (cudaGetLastError), and returns it.
+cudaError_t record(cudaError_t status) {
+  if (status != cudaSuccess) last_error = status;
+  return status;
+}
+
+/// Dynamic shared memory per block: an H100's or H200's.
+constexpr std::size_t shared_bytes_per_block = 227 * 1024;
+
 }  // namespace
 
 namespace dropit_emulation {
 namespace {
-
-void record_launch_failure(cudaError_t status) { last_error = status; }
 
 constexpr std::size_t fiber_stack_bytes = 256 * 1024;
 /// Waits at __nanosleep after which a thread is taken to spin forever (on a block that runs after
@@ -147,9 +156,9 @@ struct block_run {
   context scheduler;  // run_block, to which a thread returns when none can run
   unsigned running = 0;
   bool spinning_forever = false;
-  std::uint64_t schedule = 0;  // the random state that draws each block's order (schedule_seed)
-  std::vector<unsigned> order;     // the block's threads in the order they take turns
-  std::vector<unsigned> turn_of;   // each thread's place in `order`
+  std::uint64_t schedule = 0;     // the random state that draws each block's order (schedule_seed)
+  std::vector<unsigned> order;    // the block's threads in the order they take turns
+  std::vector<unsigned> turn_of;  // each thread's place in `order`
 
   /// A pseudo-random number below `bound` (xorshift64*).
   unsigned pick(unsigned bound) {
@@ -206,15 +215,13 @@ void switch_away(bool self_last) {
 }
 
 void wait_at(barrier& b) {
+  const std::uint64_t generation = b.generation;
   ++b.arrived;
-  if (b.arrived == b.expected) {
-    b.arrived = 0;
-    ++b.generation;
-    return;
-  }
+  b.release_if_complete();
+  if (b.generation != generation) return;  // the last to arrive goes on
   fiber& f = running_fiber();
   f.waiting_on = &b.generation;
-  f.waiting_from = b.generation;
+  f.waiting_from = generation;
   switch_away(false);
 }
 
@@ -267,8 +274,6 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
     f.pending_copies.clear();
     start_context(f.resume, f.stack.get(), stack_bytes_of(t), fiber_main, &run.scheduler);
   }
-  // The threads switch among themselves (a thread runs until it waits or exits) and come back
-  // here when none can run: all have exited, or the block is stuck.
   // The warps in a drawn order, each warp's lanes in a drawn order, one after another (a warp's
   // lanes next to each other in the ring, so that a completed collective finds them soon).
   std::vector<unsigned> warp_order(run.warps.size());
@@ -283,6 +288,8 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
   }
   run.turn_of.resize(threads);
   for (unsigned turn = 0; turn < threads; ++turn) run.turn_of[run.order[turn]] = turn;
+  // The threads switch among themselves (a thread runs until it waits or exits) and come back
+  // here when none can run: all have exited, or the block is stuck.
   run.running = run.order[0];
   run.spinning_forever = false;
   current_position = &run.fibers[run.running].position;
@@ -305,8 +312,12 @@ constinit thread_local const thread_position* current_position = nullptr;
 
 void sync_block() { wait_at(active->block); }
 
-void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32],
-                      std::uint32_t& taking_part) {
+warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "emulated CUDA: %s with mask %#x: only full warps are emulated\n",
+                 intrinsic, mask);
+    std::abort();
+  }
   fiber& f = running_fiber();
   warp& w = active->warps[f.warp];
   const unsigned buffer = w.buffer;
@@ -314,9 +325,11 @@ void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32],
   w.taking_part |= 1u << f.lane;
   if (w.sync.arrived + 1 == w.sync.expected) w.complete_round();
   wait_at(w.sync);
-  taking_part = w.took_part[buffer];
+  warp_values got;
+  got.taking_part = w.took_part[buffer];
   for (unsigned lane = 0; lane < 32; ++lane)
-    values[lane] = (taking_part >> lane) & 1u ? w.values[buffer][lane] : 0;
+    got.of_lane[lane] = (got.taking_part >> lane) & 1u ? w.values[buffer][lane] : 0;
+  return got;
 }
 
 void yield_spinning() {
@@ -343,18 +356,11 @@ void* dynamic_shared_memory() {
   return active->shared.data();
 }
 
-void expect_full_mask(unsigned mask, const char* intrinsic) {
-  if (mask == 0xffffffffu) return;
-  std::fprintf(stderr, "emulated CUDA: %s with mask %#x: only full warps are emulated\n", intrinsic,
-               mask);
-  std::abort();
-}
-
 void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
   if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
-      shared_bytes > 227 * 1024) {
-    record_launch_failure(cudaErrorInvalidConfiguration);  // as a launch does: nothing runs
+      shared_bytes > shared_bytes_per_block) {
+    record(cudaErrorInvalidConfiguration);  // as a launch does: nothing runs
     return;
   }
   const std::lock_guard<std::mutex> lock(launch_mutex);
@@ -364,18 +370,17 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::functi
   if (run.schedule == 0) run.schedule = 1;
   run.body = &body;
   run.shared.assign((shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
-  block_run* const outer = active;
-  active = &run;
+  active = &run;  // no launch is under way in this thread: a kernel launches nothing
   try {
     for (unsigned z = 0; z < grid.z; ++z)
       for (unsigned y = 0; y < grid.y; ++y)
         for (unsigned x = 0; x < grid.x; ++x) run_block(run, grid, block, uint3{x, y, z});
   } catch (...) {
-    active = outer;
+    active = nullptr;
     current_position = nullptr;
     throw;
   }
-  active = outer;
+  active = nullptr;
   current_position = nullptr;
 }
 
@@ -388,11 +393,6 @@ namespace {
 
 std::mutex allocations_mutex;
 std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes
-
-cudaError_t record(cudaError_t status) {
-  if (status != cudaSuccess) last_error = status;
-  return status;
-}
 
 bool is_device_memory(const void* pointer) {
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
@@ -431,10 +431,6 @@ cudaError_t cudaFree(void* pointer) {
 cudaError_t cudaMemcpy(void* to, const void* from, size_t bytes, cudaMemcpyKind) {
   if (bytes != 0) std::memmove(to, from, bytes);
   return cudaSuccess;
-}
-cudaError_t cudaMemcpyAsync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t) {
-  return cudaMemcpy(to, from, bytes, kind);
 }
 cudaError_t cudaMemset(void* pointer, int value, size_t bytes) {
   if (bytes != 0) std::memset(pointer, value, bytes);
@@ -499,7 +495,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
   if (device != 0) return record(cudaErrorInvalidDevice);
   switch (attribute) {
     case cudaDevAttrMaxSharedMemoryPerBlockOptin:
-      *value = 227 * 1024;
+      *value = static_cast<int>(shared_bytes_per_block);
       return cudaSuccess;
     case cudaDevAttrCooperativeLaunch:
       *value = 1;
@@ -542,9 +538,6 @@ cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return c
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int, size_t) {
   *blocks = 1;  // with one multiprocessor: cooperative launches get one block
   return cudaSuccess;
-}
-cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
-  return record(cudaErrorNotSupported);  // cooperative launches go through launch() too
 }
 
 }  // extern "C"

@@ -31,17 +31,13 @@
 #undef __device__
 #undef __host__
 #undef __shared__
-#undef __constant__
 #undef __forceinline__
-#undef __noinline__
 #undef __launch_bounds__
 #define __global__ inline
 #define __device__
 #define __host__
 #define __shared__ static
-#define __constant__ static
 #define __forceinline__ inline
-#define __noinline__
 #define __launch_bounds__(...)
 
 #define DROPIT_CUDA_EMULATION 1
@@ -58,9 +54,6 @@ extern constinit thread_local const thread_position* current_position;
 inline const thread_position& position() { return *current_position; }
 
 void sync_block();
-/// A warp collective: `value` of each lane of the calling warp that takes part (every lane that
-/// has not exited), by lane, 0 for the others; `taking_part` has their bits.
-void exchange_in_warp(std::uint64_t value, std::uint64_t (&values)[32], std::uint32_t& taking_part);
 void yield_spinning();
 void* dynamic_shared_memory();
 /// cp.async: the running thread's copies happen at its wait (complete_copies), not before.
@@ -85,8 +78,6 @@ std::uint64_t exchangeable(const T& value) {
   std::memcpy(&bits, &value, sizeof(T));
   return bits;
 }
-void expect_full_mask(unsigned mask, const char* intrinsic);
-
 /// Aborts unless the block has exactly `threads` threads, as CUB's block algorithms require.
 inline void expect_block_of(int threads) {
   const thread_position& p = position();
@@ -94,18 +85,15 @@ inline void expect_block_of(int threads) {
     std::abort();
 }
 
-/// What a warp collective gives each lane (exchange_in_warp).
+/// What a warp collective gives each lane: the value of each lane of the warp that takes part
+/// (every lane that has not exited), 0 for the others, and their bits.
 struct warp_values {
   std::uint64_t of_lane[32];
   std::uint32_t taking_part = 0;
 };
-/// The collective `intrinsic` of the calling warp over `value` (full warps only, `mask` all ones).
-inline warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value) {
-  expect_full_mask(mask, intrinsic);
-  warp_values got;
-  exchange_in_warp(value, got.of_lane, got.taking_part);
-  return got;
-}
+/// The collective `intrinsic` of the calling warp over each lane's `value` (full warps only: `mask`
+/// all ones, else it aborts naming the intrinsic).
+warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value);
 
 }  // namespace dropit_emulation
 
@@ -115,11 +103,7 @@ inline warp_values collective(const char* intrinsic, unsigned mask, std::uint64_
 #define gridDim (::dropit_emulation::position().grid_dim)
 
 inline void __syncthreads() { ::dropit_emulation::sync_block(); }
-inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  ::dropit_emulation::collective("__syncwarp", mask, 0);
-}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { ::dropit_emulation::yield_spinning(); }
 
 inline unsigned __ballot_sync(unsigned mask, int predicate) {
@@ -134,7 +118,6 @@ inline int __all_sync(unsigned mask, int predicate) {
     if (((got.taking_part >> lane) & 1u) != 0 && got.of_lane[lane] == 0) return 0;
   return 1;
 }
-inline int __any_sync(unsigned mask, int predicate) { return __ballot_sync(mask, predicate) != 0; }
 template <class T>
 T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
   const auto got =
@@ -156,43 +139,19 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
 }
 
 inline int __popc(unsigned x) { return std::popcount(x); }
-inline int __popcll(unsigned long long x) { return std::popcount(x); }
-inline int __clz(unsigned x) { return std::countl_zero(x); }
-inline int __clzll(unsigned long long x) { return std::countl_zero(x); }
-inline int __ffs(unsigned x) { return x == 0 ? 0 : std::countr_zero(x) + 1; }
-inline int __ffsll(unsigned long long x) { return x == 0 ? 0 : std::countr_zero(x) + 1; }
-inline unsigned __brev(unsigned x) {
-  unsigned r = 0;
-  for (int b = 0; b < 32; ++b) r |= ((x >> b) & 1u) << (31 - b);
-  return r;
-}
-
-/// Loads that bypass or prefer caches: plain loads here.
+/// A load that bypasses the L1 cache: a plain load here.
 template <class T>
 T __ldcg(const T* address) {
   return *address;
 }
-template <class T>
-T __ldg(const T* address) {
-  return *address;
-}
-
 // Arithmetic of the device's math library that the backend's kernels call.
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
-inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
-inline unsigned __float_as_uint(float x) { return std::bit_cast<unsigned>(x); }
-inline float __uint_as_float(unsigned x) { return std::bit_cast<float>(x); }
 template <class T>
 T min(T a, T b) {
   return b < a ? b : a;
 }
-template <class T>
-T max(T a, T b) {
-  return a < b ? b : a;
-}
-
 template <class T>
 T atomicAdd(T* address, T value) {
   return std::atomic_ref<T>(*address).fetch_add(value);
