@@ -276,6 +276,42 @@ TEST_CASE("cuda: a look-back crosses windows of counted tiles to the nearest inc
   }
 }
 
+namespace {
+
+/// Thread 0 of each block publishes its block's number, every block waits at the grid-wide
+/// barrier, then thread 0 adds up what all the blocks published.
+__global__ void grid_barrier_kernel(std::uint32_t* published, std::uint32_t* sums) {
+  using word = dropit::detail::cuda::device_atomic_word;
+  if (threadIdx.x == 0)
+    word(published[blockIdx.x]).store(blockIdx.x + 1, ::cuda::memory_order_relaxed);
+  cooperative_groups::this_grid().sync();
+  if (threadIdx.x == 0) {
+    std::uint32_t sum = 0;
+    for (unsigned b = 0; b < gridDim.x; ++b)
+      sum += word(published[b]).load(::cuda::memory_order_relaxed);
+    sums[blockIdx.x] = sum;
+  }
+}
+
+}  // namespace
+
+// The whole-tensor and channel selections' blocks meet at the grid-wide barriers of one
+// cooperative launch: after it, every block sees what every other wrote before it (on the
+// emulated device too, whose cooperative launches must run their blocks at once for these
+// selections to run on more than one block).
+TEST_CASE("cuda: a cooperative launch's blocks all pass its grid-wide barrier together") {
+  namespace dc = dropit::detail::cuda;
+  for (const unsigned grid : {1u, 2u, 4u}) {
+    CAPTURE(grid);
+    device_buffer<std::uint32_t> published(std::vector<std::uint32_t>(grid, 0u)), sums(grid);
+    sums.poison();
+    dc::launch_cooperative(grid_barrier_kernel, nullptr, grid, "grid_barrier_kernel",
+                           published.data(), sums.data());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    CHECK(sums.download() == std::vector<std::uint32_t>(grid, grid * (grid + 1) / 2));
+  }
+}
+
 // The look-back kernels take their tiles by ticket, so any grid is correct: the whole-tensor
 // bitmask densify launched with 1, 2 and 3 blocks for 13 tiles, each block taking tile after tile
 // (the backend launches a block per tile, so no other test has a block take a second one).

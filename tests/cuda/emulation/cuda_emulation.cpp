@@ -1,18 +1,23 @@
 // The emulated device's scheduler and the CUDA runtime functions the backend and its tests call
 // (see cuda_emulation.hpp): memory is host memory, every operation completes before it returns,
-// and a launch runs its blocks one after the other, each block's threads as fibers.
+// and a launch runs up to resident_blocks blocks at once, each on a host thread of its own (the
+// launching thread and a pool of helpers), each block's threads as fibers of that thread.
 
 #include "cuda_emulation.hpp"
 
 #include <ucontext.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -34,9 +39,74 @@ namespace dropit_emulation {
 namespace {
 
 constexpr std::size_t fiber_stack_bytes = 256 * 1024;
-/// Waits at __nanosleep after which a thread is taken to spin forever (on a block that runs after
-/// its own, or never).
-constexpr unsigned spin_limit = 1u << 22;
+/// How long a thread may wait at __nanosleep in a row (spinning on what another block publishes)
+/// before it is taken to spin forever: on a block that never runs or never publishes.
+constexpr std::chrono::seconds spin_limit{60};
+
+constexpr const char* exited_before_barrier =
+    "emulated CUDA: deadlock at a grid-wide barrier that a block exited without reaching";
+
+/// One launch: its blocks, handed out in order to the host threads that run them, and what the
+/// blocks share — the grid-wide barrier of a cooperative launch, and the launch's first failure,
+/// which stops the others.
+struct grid_run {
+  dim3 grid, block;
+  std::size_t shared_bytes = 0;
+  const std::function<void()>* body = nullptr;
+  std::uint64_t seed = 0;  // draws each block's order of threads
+  unsigned long long blocks = 0;
+  std::atomic<unsigned long long> next_block{0};
+  std::atomic<bool> failed{false};
+
+  std::mutex mutex;  // guards what follows
+  std::condition_variable changed;
+  unsigned long long arrived = 0, finished = 0;  // at the grid-wide barrier; blocks done
+  std::uint64_t generation = 0;                  // of the grid-wide barrier
+  std::exception_ptr failure;                    // the first
+
+  /// Records `error` as the launch's failure unless one came first; wakes every waiting block.
+  void fail(std::exception_ptr error) {
+    const std::lock_guard<std::mutex> lock(mutex);
+    fail_locked(error);
+  }
+  void fail_locked(std::exception_ptr error) {
+    if (!failure) failure = error;
+    failed = true;
+    changed.notify_all();
+  }
+
+  /// The grid-wide barrier, for one thread of each block: false where the launch failed (here or
+  /// elsewhere) instead.
+  bool wait_at_barrier() {
+    std::unique_lock<std::mutex> lock(mutex);
+    const auto stuck = [&](const std::string& why) {
+      fail_locked(std::make_exception_ptr(std::runtime_error(why)));
+      return false;
+    };
+    if (blocks > resident_blocks)
+      return stuck("emulated CUDA: a grid-wide barrier in a launch of " + std::to_string(blocks) +
+                   " blocks, more than the " + std::to_string(resident_blocks) +
+                   " the device holds at once (not a cooperative launch)");
+    if (finished != 0) return stuck(exited_before_barrier);
+    const std::uint64_t at = generation;
+    if (++arrived == blocks) {
+      arrived = 0;
+      ++generation;
+      changed.notify_all();
+      return !failed;
+    }
+    changed.wait(lock, [&] { return generation != at || failed; });
+    return !failed;
+  }
+
+  /// A block has exited: blocks waiting at the barrier for it never will be released.
+  void block_finished() {
+    const std::lock_guard<std::mutex> lock(mutex);
+    ++finished;
+    if (arrived != 0)
+      fail_locked(std::make_exception_ptr(std::runtime_error(exited_before_barrier)));
+  }
+};
 
 /// Threads that wait until all live ones have arrived; a thread that exits stops being awaited.
 struct barrier {
@@ -136,7 +206,8 @@ struct fiber {
   unsigned warp = 0, lane = 0;
   const std::uint64_t* waiting_on = nullptr;  // a barrier's generation, until it moves on
   std::uint64_t waiting_from = 0;
-  unsigned spins = 0;
+  unsigned spins = 0;  // waits at __nanosleep since the last barrier or collective
+  std::chrono::steady_clock::time_point spinning_since;
   bool finished = false;
   std::vector<std::pair<void*, const void*>> pending_copies;  // 16 bytes each, until the wait
 
@@ -147,6 +218,7 @@ struct fiber {
 
 /// One block being run on the calling host thread.
 struct block_run {
+  grid_run* grid = nullptr;
   std::vector<fiber> fibers;  // kept between launches: their stacks are reused
   unsigned threads = 0;
   std::vector<warp> warps;
@@ -155,8 +227,8 @@ struct block_run {
   const std::function<void()>* body = nullptr;
   context scheduler;  // run_block, to which a thread returns when none can run
   unsigned running = 0;
-  bool spinning_forever = false;
-  std::uint64_t schedule = 0;     // the random state that draws each block's order (schedule_seed)
+  std::string stopped;            // why the block was stopped with threads left (spinning, failure)
+  std::uint64_t schedule = 0;     // the random state that draws the block's order (schedule_seed)
   std::vector<unsigned> order;    // the block's threads in the order they take turns
   std::vector<unsigned> turn_of;  // each thread's place in `order`
 
@@ -183,7 +255,7 @@ std::uint64_t schedule_seed() {
 }
 
 thread_local block_run* active = nullptr;
-std::mutex launch_mutex;  // `__shared__` variables are statics: one launch at a time
+std::mutex launch_mutex;  // one launch at a time: the helper threads serve one
 
 fiber& running_fiber() {
   if (active == nullptr) {
@@ -214,7 +286,15 @@ void switch_away(bool self_last) {
   switch_context(self.resume, run.scheduler);
 }
 
+/// Stops the running block for `why` (it is not resumed): run_block throws.
+[[noreturn]] void stop_block(const std::string& why) {
+  active->stopped = why;
+  switch_context(running_fiber().resume, active->scheduler);
+  std::abort();  // never resumed
+}
+
 void wait_at(barrier& b) {
+  running_fiber().spins = 0;
   const std::uint64_t generation = b.generation;
   ++b.arrived;
   b.release_if_complete();
@@ -291,19 +371,108 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
   // The threads switch among themselves (a thread runs until it waits or exits) and come back
   // here when none can run: all have exited, or the block is stuck.
   run.running = run.order[0];
-  run.spinning_forever = false;
+  run.stopped.clear();
   current_position = &run.fibers[run.running].position;
   switch_context(run.scheduler, run.fibers[run.running].resume);
   const std::string block_name =
       "block (" + std::to_string(block_index.x) + ", " + std::to_string(block_index.y) + ")";
-  if (run.spinning_forever)
+  if (!run.stopped.empty())
     throw std::runtime_error("emulated CUDA: thread " + std::to_string(run.running) + " of " +
-                             block_name + " spins forever at __nanosleep");
+                             block_name + " " + run.stopped);
   for (unsigned t = 0; t < threads; ++t)
     if (!run.fibers[t].finished)
       throw std::runtime_error("emulated CUDA: deadlock in " + block_name +
                                ": its live threads all wait at barriers (__syncthreads or a warp "
                                "collective) that others never reach");
+}
+
+/// Runs blocks of `grid` on the calling host thread, in order, until none is left or the launch
+/// has failed.
+void run_blocks(grid_run& grid) {
+  thread_local block_run run;  // its fibers' stacks are reused from launch to launch
+  run.grid = &grid;
+  run.body = grid.body;
+  run.shared.assign((grid.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
+  active = &run;
+  for (unsigned long long b; !grid.failed && (b = grid.next_block++) < grid.blocks;) {
+    const dim3 g = grid.grid;
+    const uint3 index{static_cast<unsigned>(b % g.x), static_cast<unsigned>(b / g.x % g.y),
+                      static_cast<unsigned>(b / (1ull * g.x * g.y))};
+    // Each block's order of threads from the launch's seed and its index alone, whichever host
+    // thread runs it.
+    run.schedule = grid.seed ^ ((b + 1) * 0x94d049bb133111ebull);
+    if (run.schedule == 0) run.schedule = 1;
+    try {
+      run_block(run, g, grid.block, index);
+    } catch (...) {
+      grid.fail(std::current_exception());
+    }
+    grid.block_finished();
+  }
+  active = nullptr;
+  current_position = nullptr;
+}
+
+/// The host threads that run a launch's blocks beside the launching thread: resident_blocks - 1 of
+/// them, started with the first launch of more than one block, each waiting for the next launch.
+class helper_threads {
+ public:
+  /// Runs `grid`'s blocks on the calling thread and `helpers` of these, and returns when all are
+  /// done.
+  void run(grid_run& grid, unsigned helpers) {
+    if (helpers != 0) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (threads_.empty())
+        for (unsigned i = 0; i + 1 < resident_blocks; ++i)
+          threads_.emplace_back([this, i] { serve(i); });
+      job_ = &grid;
+      helpers_ = busy_ = helpers;
+      ++job_number_;
+      wake_.notify_all();
+    }
+    run_blocks(grid);
+    std::unique_lock<std::mutex> lock(mutex_);
+    idle_.wait(lock, [&] { return busy_ == 0; });
+  }
+
+  ~helper_threads() {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+      wake_.notify_all();
+    }
+    for (std::thread& t : threads_) t.join();
+  }
+
+ private:
+  void serve(unsigned index) {
+    std::uint64_t served = 0;
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stopping_ || job_number_ != served; });
+      if (stopping_) return;
+      served = job_number_;
+      if (index >= helpers_) continue;
+      grid_run& grid = *job_;
+      lock.unlock();
+      run_blocks(grid);
+      lock.lock();
+      if (--busy_ == 0) idle_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable wake_, idle_;
+  std::vector<std::thread> threads_;
+  grid_run* job_ = nullptr;
+  std::uint64_t job_number_ = 0;
+  unsigned helpers_ = 0, busy_ = 0;
+  bool stopping_ = false;
+};
+
+helper_threads& block_helpers() {
+  static helper_threads helpers;
+  return helpers;
 }
 
 }  // namespace
@@ -332,12 +501,21 @@ warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value
   return got;
 }
 
+void sync_grid() {
+  sync_block();
+  const thread_position& p = position();
+  if (p.thread.x == 0 && p.thread.y == 0 && p.thread.z == 0 && !active->grid->wait_at_barrier())
+    stop_block("stopped: the launch failed");
+  sync_block();
+}
+
 void yield_spinning() {
   fiber& f = running_fiber();
-  if (++f.spins > spin_limit) {
-    active->spinning_forever = true;
-    switch_context(f.resume, active->scheduler);  // never resumed
-  }
+  if (active->grid->failed) stop_block("stopped: the launch failed");
+  const auto now = std::chrono::steady_clock::now();
+  if (f.spins++ == 0) f.spinning_since = now;
+  if (now - f.spinning_since > spin_limit) stop_block("spins forever at __nanosleep");
+  std::this_thread::yield();  // the block it waits for may need this core
   switch_away(true);
 }
 
@@ -364,24 +542,18 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::functi
     return;
   }
   const std::lock_guard<std::mutex> lock(launch_mutex);
-  thread_local block_run run;
   static std::uint64_t launches = 0;  // under the lock
-  run.schedule = schedule_seed() ^ (++launches * 0xbf58476d1ce4e5b9ull);
-  if (run.schedule == 0) run.schedule = 1;
+  grid_run run;
+  run.grid = grid;
+  run.block = block;
+  run.shared_bytes = shared_bytes;
   run.body = &body;
-  run.shared.assign((shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
-  active = &run;  // no launch is under way in this thread: a kernel launches nothing
-  try {
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) run_block(run, grid, block, uint3{x, y, z});
-  } catch (...) {
-    active = nullptr;
-    current_position = nullptr;
-    throw;
-  }
-  active = nullptr;
-  current_position = nullptr;
+  run.seed = schedule_seed() ^ (++launches * 0xbf58476d1ce4e5b9ull);
+  run.blocks = 1ull * grid.x * grid.y * grid.z;
+  const auto helpers =
+      static_cast<unsigned>(std::min<unsigned long long>(run.blocks, resident_blocks) - 1);
+  block_helpers().run(run, helpers);
+  if (run.failure) std::rethrow_exception(run.failure);
 }
 
 }  // namespace dropit_emulation
@@ -488,7 +660,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* properties, int device) {
   std::snprintf(properties->name, sizeof properties->name, "CPU emulation of a CUDA device");
   properties->major = 9;
   properties->minor = 0;
-  properties->multiProcessorCount = 1;
+  properties->multiProcessorCount = static_cast<int>(dropit_emulation::resident_blocks);
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int device) {
@@ -501,7 +673,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
       *value = 1;
       return cudaSuccess;
     case cudaDevAttrMultiProcessorCount:
-      *value = 1;
+      *value = static_cast<int>(dropit_emulation::resident_blocks);
       return cudaSuccess;
     case cudaDevAttrPageableMemoryAccess:
       *value = 0;
@@ -536,7 +708,7 @@ cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void*) {
 }
 cudaError_t cudaFuncSetAttribute(const void*, cudaFuncAttribute, int) { return cudaSuccess; }
 cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, const void*, int, size_t) {
-  *blocks = 1;  // with one multiprocessor: cooperative launches get one block
+  *blocks = 1;  // on each of resident_blocks multiprocessors
   return cudaSuccess;
 }
 

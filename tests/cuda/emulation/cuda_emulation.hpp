@@ -5,16 +5,18 @@
 // tests/cuda/emulation/include before the toolkit's headers compiles the backend's kernels as plain
 // C++; the CUDA runtime functions the backend and its tests call are defined by
 // cuda_emulation.cpp instead of libcudart. A launch (detail/cuda/common.cuh's `launch`) runs its
-// blocks one after the other, each block's threads as fibers of the calling host thread, switched
+// blocks as the device does, up to `resident_blocks` at once, each on its own host thread, taking
+// them in order as earlier ones finish; a block's threads are fibers of that host thread, switched
 // only where a thread waits: at __syncthreads, at a warp collective (__ballot_sync, __shfl_sync,
 // __all_sync) until all lanes of its warp have reached one, and at __nanosleep. So the kernels'
-// index arithmetic, their warp and block collectives and their shared-memory protocols run for
-// real; what only hardware shows (timing, races between unsynchronised threads that the fixed
-// schedule happens to order, memory ordering across blocks, resource limits) does not.
+// index arithmetic, their warp and block collectives, their shared-memory protocols and what
+// blocks tell one another through global memory (atomics, look-back, the grid-wide barrier of a
+// cooperative launch) run for real; what only hardware shows (timing, races between
+// unsynchronised threads of a block that the fiber schedule happens to order, resource limits)
+// does not.
 //
-// Emulated launches run one at a time in the process (`__shared__` variables are function
-// statics, one per kernel), and a cooperative launch gets one block (the device reports one
-// multiprocessor holding one block), so the grid-wide barrier is the block's.
+// `__shared__` variables are thread-local statics: one per kernel and host thread, so one per
+// running block. Emulated launches run one at a time in the process.
 
 #include <cuda_runtime.h>  // the runtime API's declarations and vector types, host side
 
@@ -36,7 +38,7 @@
 #define __global__ inline
 #define __device__
 #define __host__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 
@@ -53,15 +55,21 @@ struct thread_position {
 extern constinit thread_local const thread_position* current_position;
 inline const thread_position& position() { return *current_position; }
 
+/// Blocks the emulated device holds at once (four multiprocessors of one block each): the most a
+/// launch runs at once, and the largest grid of a cooperative launch.
+inline constexpr unsigned resident_blocks = 4;
+
 void sync_block();
+/// A cooperative launch's grid-wide barrier (cooperative_groups::grid_group::sync).
+void sync_grid();
 void yield_spinning();
 void* dynamic_shared_memory();
 /// cp.async: the running thread's copies happen at its wait (complete_copies), not before.
 void copy_16_bytes_later(void* to, const void* from);
 void complete_copies();
 
-/// Runs `grid` x `block` threads of `body`, blocks one after the other, with `shared_bytes` of
-/// dynamic shared memory per block.
+/// Runs `grid` x `block` threads of `body`, up to resident_blocks blocks at once, with
+/// `shared_bytes` of dynamic shared memory per block; rethrows the first failure of a block.
 void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body);
 
 template <class T>

@@ -89,9 +89,9 @@ template <class... Params>
 void launch_cooperative(void (*kernel)(Params...), cudaStream_t stream, unsigned grid,
                         const char* name, std::type_identity_t<Params>... args) {
 #if defined(DROPIT_CUDA_EMULATION)
-  // Its blocks run one after the other, so a grid-wide barrier holds only for one block.
-  expect(grid == 1, name, ": the emulated device runs cooperative launches of one block, not ",
-         grid);
+  // As cudaLaunchCooperativeKernel, which launches nothing where the blocks do not fit at once.
+  expect(grid <= ::dropit_emulation::resident_blocks, name, ": a cooperative launch of ", grid,
+         " blocks, where the emulated device holds ", ::dropit_emulation::resident_blocks);
   launch(kernel, {grid}, stream, args...);
 #else
   void* pointers[] = {static_cast<void*>(&args)...};
