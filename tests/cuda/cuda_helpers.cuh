@@ -19,6 +19,14 @@ namespace cuda_test {
 using dropit::bfloat16;
 using dropit::half;
 
+/// Whether the tests run on the CPU emulation of the device (tests/cuda/emulation, which defines
+/// DROPIT_CUDA_EMULATION), where cases that take minutes run on a subset or not at all.
+#if defined(DROPIT_CUDA_EMULATION)
+inline constexpr bool emulated_device = true;
+#else
+inline constexpr bool emulated_device = false;
+#endif
+
 #define CUDA_REQUIRE(call)                                                             \
   do {                                                                                 \
     const cudaError_t status_ = (call);                                                \

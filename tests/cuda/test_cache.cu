@@ -37,14 +37,10 @@ const shape_case shape_cases[] = {
 const shape_case large_cases[] = {
     {{3 * 16384 + 77}, 0}, {{7, 10001}, 1}, {{2, 40000}, 1}, {{3, 5, 1000}, 1}};
 
-// On the CPU emulation of the device (tests/cuda/emulation, which defines DROPIT_CUDA_EMULATION)
-// the cases over many large tensors would take minutes each: there one is skipped (doctest then
-// neither lists nor runs it, so ctest has no test for it), another runs on a subset.
-#if defined(DROPIT_CUDA_EMULATION)
-constexpr bool emulated_device = true;
-#else
-constexpr bool emulated_device = false;
-#endif
+// On the CPU emulation of the device the cases over many large tensors would take minutes each:
+// there one is skipped (doctest then neither lists nor runs it, so ctest has no test for it),
+// another runs on a subset.
+using cuda_test::emulated_device;
 
 // The GPU run of `p` on x must reproduce the CPU run bit for bit.
 template <class T, class P>

@@ -5,6 +5,7 @@
 
 #include "cuda_emulation.hpp"
 
+#include <malloc.h>
 #include <ucontext.h>
 
 #include <chrono>
@@ -565,6 +566,15 @@ namespace {
 
 std::mutex allocations_mutex;
 std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes
+
+// Device memory comes from the heap and goes back to it, as from a caching allocator: the tests
+// allocate and free workspaces of tens of MiB per call (cuBLAS's alone is 32 MiB on an H100), which
+// mapped afresh each time would fault in every page again.
+const int heap_for_device_memory = [] {
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  return 0;
+}();
 
 bool is_device_memory(const void* pointer) {
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);

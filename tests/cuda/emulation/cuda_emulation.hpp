@@ -4,7 +4,7 @@
 // A translation unit compiled by the host compiler with this header first (-include) and
 // tests/cuda/emulation/include before the toolkit's headers compiles the backend's kernels as plain
 // C++; the CUDA runtime functions the backend and its tests call are defined by
-// cuda_emulation.cpp instead of libcudart. A launch (detail/cuda/common.cuh's `launch`) runs its
+// cuda_emulation.cpp instead of libcudart, and cuBLAS's by cublas_emulation.cpp. A launch (detail/cuda/common.cuh's `launch`) runs its
 // blocks as the device does, up to `resident_blocks` at once, each on its own host thread, taking
 // them in order as earlier ones finish; a block's threads are fibers of that host thread, switched
 // only where a thread waits: at __syncthreads, at a warp collective (__ballot_sync, __shfl_sync,
