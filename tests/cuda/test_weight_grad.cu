@@ -41,7 +41,7 @@ const linear_case linear_cases[] = {
 
 template <class T, class P>
 void check_linear(const P& p, const linear_case& lc, std::uint64_t seed,
-                  const cuda_backend& gpu = {}) {
+                  const cuda_backend& gpu = {}, test::tolerance tol = test::tolerance_for<T>()) {
   const std::int64_t k = lc.a_dims.back();
   const std::int64_t m =
       std::accumulate(lc.a_dims.begin(), lc.a_dims.end() - 1, std::int64_t{1}, std::multiplies<>());
@@ -50,7 +50,6 @@ void check_linear(const P& p, const linear_case& lc, std::uint64_t seed,
   const auto dz = test::smooth_values<T>(m * n, seed + 1);
   const auto c = compress(serial, p, test::view_of(a, test::shape_of(lc.a_dims)));
   const auto want = ref::linear_dw(test::gradient_operand(c), test::as_float(dz), m, k, n);
-  const auto tol = test::tolerance_for<T>();
 
   const auto cache = cuda_test::upload(c);
   const device_buffer<T> d_dz(dz);
@@ -351,6 +350,31 @@ TEST_CASE("cuda: weight-gradient bad inputs throw dropit::error naming the value
       "conv2d input", "[6, 4]");
 }
 
+// What TF32 tensor cores may lose: each operand keeps 10 bits of mantissa (rounded or truncated,
+// at most 2^-10 of it), so each product up to 2^-9 of its magnitude, summed in float: 2^-9 of the
+// sum of the products' magnitudes. (Half precision's tolerance, 10^-5 of that sum and 2^-10 of the
+// value, holds for 16-bit operands, whose products are exact; TF32's rounding exceeds it.)
+const test::tolerance tf32_rounding{0x1p-9, 0.0, 1e-30};
+
+// Float weight gradients through cuBLAS on TF32 tensor cores where the backend allows them (the
+// linear gradient, and conv2d's im2col path). (cuDNN's TF32 path: below.)
+TEST_CASE("cuda: linear and im2col conv2d dW with TF32 allowed stay within TF32's rounding") {
+  cuda_backend tf32{.allow_tf32 = true};
+  tf32.use_cudnn = false;
+  const policy<chunked_min_k_selection> p{{0.6, 1000}};
+  std::uint64_t seed = 1;
+  for (const linear_case& lc : {linear_case{{300, 100}, 17}, linear_case{{64, 33}, 65}}) {
+    CAPTURE(lc.out_features);
+    check_linear<float>(p, lc, seed += 3, tf32, tf32_rounding);
+  }
+  const auto grid = conv_grid();
+  for (const ref::conv_shape& g : {grid.front(), grid[grid.size() - 2]}) {
+    const std::string geometry = g.text();
+    CAPTURE(geometry);
+    check_conv<float>(p, g, seed += 3, tf32, tf32_rounding);
+  }
+}
+
 #if DROPIT_CUDA_CUDNN
 // cuDNN's backward-filter convolution, the conv2d weight gradient's path where dropit::cuda is
 // built with cuDNN. cuDNN checks an operation graph without a device, so the "deviceless" suite
@@ -551,8 +575,8 @@ TEST_CASE_TEMPLATE("cuda: conv2d dW from operands that are not 16-byte aligned",
   CHECK_GRADIENT(std::vector<T>(accumulated.begin() + 1, accumulated.end()), plus(want, old), tol);
 }
 
-// Float weight gradients on TF32 tensor cores where the backend allows them: products of 10-bit
-// mantissas summed in float, so within half precision's tolerance of the dense formula.
+// Float weight gradients on TF32 tensor cores where the backend allows them: within TF32's
+// rounding of the dense formula (tf32_rounding, above).
 TEST_CASE("cuda: conv2d dW with TF32 allowed stays within TF32's rounding") {
   std::uint64_t seed = 1;
   const cuda_backend tf32{.allow_tf32 = true};
@@ -561,7 +585,7 @@ TEST_CASE("cuda: conv2d dW with TF32 allowed stays within TF32's rounding") {
     const std::string geometry = g.text();
     CAPTURE(geometry);
     check_conv<float>(policy<chunked_min_k_selection>{{0.6, 1000}}, g, seed += 3, tf32,
-                      test::tolerance_for<dropit::half>());
+                      tf32_rounding);
   }
 }
 #endif

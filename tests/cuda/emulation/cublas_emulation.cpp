@@ -1,11 +1,15 @@
 // The cuBLAS functions the CUDA backend calls, for the emulated device (see cuda_emulation.hpp):
-// a handle holds its stream, workspace and math mode, and a GEMM is computed on the host as
-// cuBLAS documents it — column-major operands, C = alpha op(A) op(B) + beta C, C not read where
-// beta is 0, products summed in float in k order (the 32-bit compute types), TF32's inputs
-// rounded to 10 bits of mantissa — after the argument checks cuBLAS makes (sizes, leading
-// dimensions, type combinations) and a check that every operand lies in device memory. So the
-// backend's calls (operations, leading dimensions, batch strides) are checked against the weight
-// gradient's reference, not cuBLAS's kernels.
+// a handle holds its stream, workspace and math mode, and a GEMM is computed on the host by the
+// definition cuBLAS documents — column-major operands, C = alpha op(A) op(B) + beta C, C not read
+// where beta is 0 — with products summed in float in k order (the 32-bit compute types; for TF32
+// the inputs rounded to 10 bits of mantissa, to nearest, a model of the tensor cores' rounding),
+// after the argument checks cuBLAS documents (sizes, leading dimensions, type combinations) and
+// checks of what it leaves undefined: every operand within one allocation of device memory, A and
+// B not overlapping C, the batches of C not overlapping one another. So the backend's calls
+// (operations, leading dimensions, batch strides) are checked against the weight gradient's
+// reference; cuBLAS's kernels and their summation order are not emulated.
+
+#include "cuda_emulation.hpp"
 
 #include <cublas_v2.h>
 
@@ -63,16 +67,11 @@ void store(void* array, cudaDataType type, std::int64_t index, float value) {
 
 std::size_t bytes_of(cudaDataType type) { return type == CUDA_R_32F ? 4 : 2; }
 
-/// Whether the `bytes` from `array` lie in device memory (the emulation's cudaPointerGetAttributes
-/// knows its allocations).
-bool in_device_memory(const void* array, std::size_t bytes) {
-  if (bytes == 0) return true;
-  const auto* first = static_cast<const std::byte*>(array);
-  const std::byte* last = first + (bytes - 1);
-  cudaPointerAttributes at_first{}, at_last{};
-  return cudaPointerGetAttributes(&at_first, first) == cudaSuccess &&
-         cudaPointerGetAttributes(&at_last, last) == cudaSuccess &&
-         at_first.type == cudaMemoryTypeDevice && at_last.type == cudaMemoryTypeDevice;
+/// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool overlap(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto a_start = reinterpret_cast<std::uintptr_t>(a);
+  const auto b_start = reinterpret_cast<std::uintptr_t>(b);
+  return a_bytes != 0 && b_bytes != 0 && a_start < b_start + b_bytes && b_start < a_start + a_bytes;
 }
 
 /// The elements a column-major `rows` x `columns` operand with leading dimension `ld` spans.
@@ -95,7 +94,11 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
                     const void* beta, void* c, cudaDataType c_type, std::int64_t ldc,
                     std::int64_t stride_c, std::int64_t batches, cublasComputeType_t compute) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const bool a_transposed = transa == CUBLAS_OP_T, b_transposed = transb == CUBLAS_OP_T;
+  // Real types: the conjugate transpose is the transpose.
+  const auto transposed = [](cublasOperation_t op) {
+    return op == CUBLAS_OP_T || op == CUBLAS_OP_C;
+  };
+  const bool a_transposed = transposed(transa), b_transposed = transposed(transb);
   if ((transa != CUBLAS_OP_N && !a_transposed) || (transb != CUBLAS_OP_N && !b_transposed))
     return CUBLAS_STATUS_INVALID_VALUE;
   // Stored shapes: A is m x k (k x m transposed), B k x n (n x k), C m x n.
@@ -105,15 +108,23 @@ cublasStatus_t gemm(cublasHandle_t handle, cublasOperation_t transa, cublasOpera
       ldb < std::max<std::int64_t>(1, b_rows) || ldc < std::max<std::int64_t>(1, m))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (a_type != b_type || !supported(a_type, c_type, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (stride_a < 0 || stride_b < 0 || stride_c < 0) return CUBLAS_STATUS_NOT_SUPPORTED;  // here
   if (m == 0 || n == 0 || batches == 0) return CUBLAS_STATUS_SUCCESS;
   // The bytes a batched operand spans.
   const auto extent = [&](std::int64_t span, std::int64_t stride, cudaDataType type) {
     return span == 0 ? 0 : static_cast<std::size_t>((batches - 1) * stride + span) * bytes_of(type);
   };
-  if (!in_device_memory(a, extent(span_of(a_rows, a_columns, lda), stride_a, a_type)) ||
-      !in_device_memory(b, extent(span_of(b_rows, b_columns, ldb), stride_b, b_type)) ||
-      !in_device_memory(c, extent(span_of(m, n, ldc), stride_c, c_type)))
-    return CUBLAS_STATUS_EXECUTION_FAILED;  // the device would fault
+  const std::size_t a_bytes = extent(span_of(a_rows, a_columns, lda), stride_a, a_type);
+  const std::size_t b_bytes = extent(span_of(b_rows, b_columns, ldb), stride_b, b_type);
+  const std::size_t c_bytes = extent(span_of(m, n, ldc), stride_c, c_type);
+  using dropit_emulation::in_one_allocation;
+  if (!in_one_allocation(a, a_bytes) || !in_one_allocation(b, b_bytes) ||
+      !in_one_allocation(c, c_bytes))
+    return CUBLAS_STATUS_EXECUTION_FAILED;  // the device would fault, or read another buffer
+  // Undefined in cuBLAS: an output that is also an input, batches writing the same elements.
+  if (overlap(a, a_bytes, c, c_bytes) || overlap(b, b_bytes, c, c_bytes) ||
+      (batches > 1 && stride_c < span_of(m, n, ldc)))
+    return CUBLAS_STATUS_INVALID_VALUE;
   const float alpha_value = *static_cast<const float*>(alpha);
   const float beta_value = *static_cast<const float*>(beta);
   const bool tf32 = compute == CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -171,7 +182,7 @@ cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, siz
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   // cuBLAS requires a workspace aligned to 256 bytes, in device memory.
   if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) return CUBLAS_STATUS_INVALID_VALUE;
-  if (!in_device_memory(workspace, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
+  if (!dropit_emulation::in_one_allocation(workspace, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
   handle->workspace = workspace;
   handle->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;

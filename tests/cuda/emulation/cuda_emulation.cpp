@@ -5,7 +5,6 @@
 
 #include "cuda_emulation.hpp"
 
-#include <malloc.h>
 #include <ucontext.h>
 
 #include <chrono>
@@ -16,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -56,6 +56,7 @@ struct grid_run {
   const std::function<void()>* body = nullptr;
   std::uint64_t seed = 0;  // draws each block's order of threads
   unsigned long long blocks = 0;
+  bool cooperative = false;
   std::atomic<unsigned long long> next_block{0};
   std::atomic<bool> failed{false};
 
@@ -84,10 +85,8 @@ struct grid_run {
       fail_locked(std::make_exception_ptr(std::runtime_error(why)));
       return false;
     };
-    if (blocks > resident_blocks)
-      return stuck("emulated CUDA: a grid-wide barrier in a launch of " + std::to_string(blocks) +
-                   " blocks, more than the " + std::to_string(resident_blocks) +
-                   " the device holds at once (not a cooperative launch)");
+    if (!cooperative)
+      return stuck("emulated CUDA: a grid-wide barrier in a launch that is not cooperative");
     if (finished != 0) return stuck(exited_before_barrier);
     const std::uint64_t at = generation;
     if (++arrived == blocks) {
@@ -294,16 +293,18 @@ void switch_away(bool self_last) {
   std::abort();  // never resumed
 }
 
-void wait_at(barrier& b) {
+/// Waits at `b`; true for the thread whose arrival completed it (which goes on at once).
+bool wait_at(barrier& b) {
   running_fiber().spins = 0;
   const std::uint64_t generation = b.generation;
   ++b.arrived;
   b.release_if_complete();
-  if (b.generation != generation) return;  // the last to arrive goes on
+  if (b.generation != generation) return true;
   fiber& f = running_fiber();
   f.waiting_on = &b.generation;
   f.waiting_from = generation;
   switch_away(false);
+  return false;
 }
 
 void fiber_main() {
@@ -391,9 +392,14 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
 /// has failed.
 void run_blocks(grid_run& grid) {
   thread_local block_run run;  // its fibers' stacks are reused from launch to launch
-  run.grid = &grid;
-  run.body = grid.body;
-  run.shared.assign((grid.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
+  try {
+    run.grid = &grid;
+    run.body = grid.body;
+    run.shared.assign((grid.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
+  } catch (...) {
+    grid.fail(std::current_exception());
+    return;
+  }
   active = &run;
   for (unsigned long long b; !grid.failed && (b = grid.next_block++) < grid.blocks;) {
     const dim3 g = grid.grid;
@@ -419,20 +425,25 @@ void run_blocks(grid_run& grid) {
 class helper_threads {
  public:
   /// Runs `grid`'s blocks on the calling thread and `helpers` of these, and returns when all are
-  /// done.
+  /// done. The blocks are taken only once every helper is ready, so that the first ones run side
+  /// by side rather than before the helpers wake.
   void run(grid_run& grid, unsigned helpers) {
+    std::unique_lock<std::mutex> lock(mutex_);
     if (helpers != 0) {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      if (threads_.empty())
-        for (unsigned i = 0; i + 1 < resident_blocks; ++i)
-          threads_.emplace_back([this, i] { serve(i); });
+      while (threads_.size() < helpers) {  // may throw: no job is handed out yet
+        const auto index = static_cast<unsigned>(threads_.size());
+        threads_.emplace_back([this, index] { serve(index); });
+      }
       job_ = &grid;
       helpers_ = busy_ = helpers;
+      ready_ = 0;
       ++job_number_;
       wake_.notify_all();
+      idle_.wait(lock, [&] { return ready_ == helpers; });
     }
+    lock.unlock();
     run_blocks(grid);
-    std::unique_lock<std::mutex> lock(mutex_);
+    lock.lock();
     idle_.wait(lock, [&] { return busy_ == 0; });
   }
 
@@ -455,6 +466,7 @@ class helper_threads {
       served = job_number_;
       if (index >= helpers_) continue;
       grid_run& grid = *job_;
+      if (++ready_ == helpers_) idle_.notify_all();
       lock.unlock();
       run_blocks(grid);
       lock.lock();
@@ -467,7 +479,7 @@ class helper_threads {
   std::vector<std::thread> threads_;
   grid_run* job_ = nullptr;
   std::uint64_t job_number_ = 0;
-  unsigned helpers_ = 0, busy_ = 0;
+  unsigned helpers_ = 0, busy_ = 0, ready_ = 0;
   bool stopping_ = false;
 };
 
@@ -480,7 +492,7 @@ helper_threads& block_helpers() {
 
 constinit thread_local const thread_position* current_position = nullptr;
 
-void sync_block() { wait_at(active->block); }
+void sync_block() { static_cast<void>(wait_at(active->block)); }
 
 warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value) {
   if (mask != 0xffffffffu) {
@@ -503,9 +515,9 @@ warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value
 }
 
 void sync_grid() {
-  sync_block();
-  const thread_position& p = position();
-  if (p.thread.x == 0 && p.thread.y == 0 && p.thread.z == 0 && !active->grid->wait_at_barrier())
+  // The block's last thread to arrive waits for the other blocks, holding the rest of the block
+  // (its host thread) until they have all arrived.
+  if (wait_at(active->block) && !active->grid->wait_at_barrier())
     stop_block("stopped: the launch failed");
   sync_block();
 }
@@ -535,13 +547,13 @@ void* dynamic_shared_memory() {
   return active->shared.data();
 }
 
-void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body) {
+cudaError_t run_grid(dim3 grid, dim3 block, std::size_t shared_bytes,
+                     const std::function<void()>& body, bool cooperative) {
   const unsigned long long threads = 1ull * block.x * block.y * block.z;
-  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || threads == 0 || threads > 1024 ||
-      shared_bytes > shared_bytes_per_block) {
-    record(cudaErrorInvalidConfiguration);  // as a launch does: nothing runs
-    return;
-  }
+  const unsigned long long blocks = 1ull * grid.x * grid.y * grid.z;
+  if (blocks == 0 || threads == 0 || threads > 1024 || shared_bytes > shared_bytes_per_block)
+    return record(cudaErrorInvalidConfiguration);  // as a launch does: nothing runs
+  if (cooperative && blocks > resident_blocks) return record(cudaErrorCooperativeLaunchTooLarge);
   const std::lock_guard<std::mutex> lock(launch_mutex);
   static std::uint64_t launches = 0;  // under the lock
   grid_run run;
@@ -550,11 +562,13 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::functi
   run.shared_bytes = shared_bytes;
   run.body = &body;
   run.seed = schedule_seed() ^ (++launches * 0xbf58476d1ce4e5b9ull);
-  run.blocks = 1ull * grid.x * grid.y * grid.z;
+  run.blocks = blocks;
+  run.cooperative = cooperative;
   const auto helpers =
-      static_cast<unsigned>(std::min<unsigned long long>(run.blocks, resident_blocks) - 1);
+      static_cast<unsigned>(std::min<unsigned long long>(blocks, resident_blocks) - 1);
   block_helpers().run(run, helpers);
   if (run.failure) std::rethrow_exception(run.failure);
+  return cudaSuccess;
 }
 
 }  // namespace dropit_emulation
@@ -564,34 +578,50 @@ void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::functi
 
 namespace {
 
-std::mutex allocations_mutex;
-std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes
+std::mutex allocations_mutex;                       // guards what follows
+std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start -> bytes asked for
+// Freed device memory by its rounded size, handed out again as a caching allocator does: the tests
+// allocate and free workspaces of tens of MiB per call (cuBLAS's alone is 32 MiB on an H100),
+// whose pages would otherwise be mapped and faulted in afresh each time.
+std::multimap<std::size_t, void*> freed;
 
-// Device memory comes from the heap and goes back to it, as from a caching allocator: the tests
-// allocate and free workspaces of tens of MiB per call (cuBLAS's alone is 32 MiB on an H100), which
-// mapped afresh each time would fault in every page again.
-const int heap_for_device_memory = [] {
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  return 0;
-}();
+std::size_t rounded_size(std::size_t bytes) {
+  return (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
+}
 
-bool is_device_memory(const void* pointer) {
+/// The allocation holding `pointer`, if any: its start and the bytes asked for.
+std::optional<std::pair<std::uintptr_t, std::size_t>> allocation_of(const void* pointer) {
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
   const std::lock_guard<std::mutex> lock(allocations_mutex);
   auto it = allocations.upper_bound(address);
-  if (it == allocations.begin()) return false;
+  if (it == allocations.begin()) return std::nullopt;
   --it;
-  return address < it->first + std::max<std::size_t>(it->second, 1);
+  if (address >= it->first + std::max<std::size_t>(it->second, 1)) return std::nullopt;
+  return *it;
 }
 
 }  // namespace
 
+bool dropit_emulation::in_one_allocation(const void* pointer, std::size_t bytes) {
+  if (bytes == 0) return true;
+  const auto allocation = allocation_of(pointer);
+  return allocation && reinterpret_cast<std::uintptr_t>(pointer) + bytes <=
+                           allocation->first + allocation->second;
+}
+
 extern "C" {
 
 cudaError_t cudaMalloc(void** pointer, size_t bytes) {
-  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 255) / 256 * 256;
-  *pointer = std::aligned_alloc(256, rounded);
+  const std::size_t rounded = rounded_size(bytes);
+  *pointer = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(allocations_mutex);
+    if (const auto reused = freed.find(rounded); reused != freed.end()) {
+      *pointer = reused->second;
+      freed.erase(reused);
+    }
+  }
+  if (*pointer == nullptr) *pointer = std::aligned_alloc(256, rounded);
   if (*pointer == nullptr) return record(cudaErrorMemoryAllocation);
   std::memset(*pointer, 0x5a, rounded);  // device memory is not zeroed either
   const std::lock_guard<std::mutex> lock(allocations_mutex);
@@ -601,12 +631,11 @@ cudaError_t cudaMalloc(void** pointer, size_t bytes) {
 
 cudaError_t cudaFree(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
-  {
-    const std::lock_guard<std::mutex> lock(allocations_mutex);
-    if (allocations.erase(reinterpret_cast<std::uintptr_t>(pointer)) == 0)
-      return record(cudaErrorInvalidValue);
-  }
-  std::free(pointer);
+  const std::lock_guard<std::mutex> lock(allocations_mutex);
+  const auto allocation = allocations.find(reinterpret_cast<std::uintptr_t>(pointer));
+  if (allocation == allocations.end()) return record(cudaErrorInvalidValue);
+  freed.emplace(rounded_size(allocation->second), pointer);
+  allocations.erase(allocation);
   return cudaSuccess;
 }
 
@@ -647,6 +676,10 @@ const char* cudaGetErrorName(cudaError_t error) {
       return "cudaErrorInvalidDevice";
     case cudaErrorNotSupported:
       return "cudaErrorNotSupported";
+    case cudaErrorInvalidConfiguration:
+      return "cudaErrorInvalidConfiguration";
+    case cudaErrorCooperativeLaunchTooLarge:
+      return "cudaErrorCooperativeLaunchTooLarge";
     default:
       return "cudaErrorUnknown";
   }
@@ -700,7 +733,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attribute, int dev
 }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* pointer) {
   *attributes = cudaPointerAttributes{};
-  if (is_device_memory(pointer)) {
+  if (allocation_of(pointer)) {
     attributes->type = cudaMemoryTypeDevice;
     attributes->device = 0;
     attributes->devicePointer = const_cast<void*>(pointer);

@@ -69,8 +69,15 @@ void copy_16_bytes_later(void* to, const void* from);
 void complete_copies();
 
 /// Runs `grid` x `block` threads of `body`, up to resident_blocks blocks at once, with
-/// `shared_bytes` of dynamic shared memory per block; rethrows the first failure of a block.
-void run_grid(dim3 grid, dim3 block, std::size_t shared_bytes, const std::function<void()>& body);
+/// `shared_bytes` of dynamic shared memory per block; rethrows the first failure of a block. A
+/// `cooperative` launch, as cudaLaunchCooperativeKernel, runs every block at once, or nothing
+/// where they do not fit (cudaErrorCooperativeLaunchTooLarge); only its blocks may wait at the
+/// grid-wide barrier.
+cudaError_t run_grid(dim3 grid, dim3 block, std::size_t shared_bytes,
+                     const std::function<void()>& body, bool cooperative = false);
+
+/// Whether the `bytes` from `pointer` lie in one allocation of device memory (cudaMalloc's).
+bool in_one_allocation(const void* pointer, std::size_t bytes);
 
 template <class T>
 T exchanged(std::uint64_t bits) {

@@ -89,10 +89,10 @@ template <class... Params>
 void launch_cooperative(void (*kernel)(Params...), cudaStream_t stream, unsigned grid,
                         const char* name, std::type_identity_t<Params>... args) {
 #if defined(DROPIT_CUDA_EMULATION)
-  // As cudaLaunchCooperativeKernel, which launches nothing where the blocks do not fit at once.
-  expect(grid <= ::dropit_emulation::resident_blocks, name, ": a cooperative launch of ", grid,
-         " blocks, where the emulated device holds ", ::dropit_emulation::resident_blocks);
-  launch(kernel, {grid}, stream, args...);
+  static_cast<void>(stream);
+  check(::dropit_emulation::run_grid(
+            dim3(grid), dim3(block_threads), 0, [&] { kernel(args...); }, true),
+        name);
 #else
   void* pointers[] = {static_cast<void*>(&args)...};
   check(cudaLaunchCooperativeKernel(kernel, dim3(grid), dim3(block_threads), pointers, 0, stream),
