@@ -14,8 +14,10 @@
 #include <cublas_v2.h>
 
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 struct cublasContext {
   cudaStream_t stream = nullptr;
@@ -34,6 +36,37 @@ std::uint16_t bf16_of_float(float value) {  // round to nearest even
   return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
 }
 
+float float_of_half(std::uint16_t bits) {
+  const std::uint32_t exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
+  float magnitude;
+  if (exponent == 0x1fu)
+    magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN()
+                              : std::numeric_limits<float>::infinity();
+  else if (exponent == 0)
+    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  else
+    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
+  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
+}
+
+std::uint16_t half_of_float(float value) {  // round to nearest even
+  const std::uint16_t sign = std::signbit(value) ? 0x8000u : 0u;
+  const float magnitude = std::fabs(value);
+  if (std::isnan(magnitude)) return sign | 0x7e00u;
+  if (magnitude < 0x1p-14f)  // subnormal (or the smallest normal, where it rounds up to it)
+    return sign | static_cast<std::uint16_t>(std::nearbyint(magnitude * 0x1p24f));
+  int exponent = 0;
+  const float fraction = std::frexp(magnitude, &exponent);  // in [0.5, 1)
+  auto significand = static_cast<std::uint32_t>(std::nearbyint(fraction * 2048.0f));
+  if (significand == 2048) {
+    significand = 1024;
+    ++exponent;
+  }
+  if (exponent + 14 >= 31) return sign | 0x7c00u;  // beyond the largest half: infinity
+  return sign | static_cast<std::uint16_t>((static_cast<std::uint32_t>(exponent + 14) << 10) |
+                                           (significand - 1024));
+}
+
 float tf32_of_float(float value) {  // round to nearest even, 10 bits of mantissa
   const auto bits = std::bit_cast<std::uint32_t>(value);
   if ((bits & 0x7f800000u) == 0x7f800000u) return value;
@@ -46,7 +79,7 @@ float load(const void* array, cudaDataType type, std::int64_t index) {
     case CUDA_R_32F:
       return static_cast<const float*>(array)[index];
     case CUDA_R_16F:
-      return static_cast<float>(static_cast<const _Float16*>(array)[index]);
+      return float_of_half(static_cast<const std::uint16_t*>(array)[index]);
     default:  // CUDA_R_16BF
       return float_of_bf16(static_cast<const std::uint16_t*>(array)[index]);
   }
@@ -58,7 +91,7 @@ void store(void* array, cudaDataType type, std::int64_t index, float value) {
       static_cast<float*>(array)[index] = value;
       break;
     case CUDA_R_16F:
-      static_cast<_Float16*>(array)[index] = static_cast<_Float16>(value);
+      static_cast<std::uint16_t*>(array)[index] = half_of_float(value);
       break;
     default:  // CUDA_R_16BF
       static_cast<std::uint16_t*>(array)[index] = bf16_of_float(value);
