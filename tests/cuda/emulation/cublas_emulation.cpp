@@ -1,5 +1,6 @@
 // The cuBLAS functions the CUDA backend calls, for the emulated device (see cuda_emulation.hpp):
-// a handle holds its stream, workspace and math mode, and a GEMM is computed on the host by the
+// a handle holds its stream (the workspace and math mode are only checked), and a GEMM is computed
+// on the host by the
 // definition cuBLAS documents — column-major operands, C = alpha op(A) op(B) + beta C, C not read
 // where beta is 0 — with products summed in float in k order (the 32-bit compute types; for TF32
 // the inputs rounded to 10 bits of mantissa, to nearest, a model of the tensor cores' rounding),
@@ -12,60 +13,17 @@
 #include "cuda_emulation.hpp"
 
 #include <cublas_v2.h>
+#include <dropit/types.hpp>  // half and bfloat16 operands, converted as the library converts them
 
 #include <bit>
-#include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <limits>
 
+/// What a handle holds that the backend reads back: its stream.
 struct cublasContext {
   cudaStream_t stream = nullptr;
-  void* workspace = nullptr;
-  std::size_t workspace_bytes = 0;
-  cublasMath_t math = CUBLAS_DEFAULT_MATH;
 };
 
 namespace {
-
-float float_of_bf16(std::uint16_t bits) { return std::bit_cast<float>(std::uint32_t{bits} << 16); }
-
-std::uint16_t bf16_of_float(float value) {  // round to nearest even
-  const auto bits = std::bit_cast<std::uint32_t>(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((bits >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-
-float float_of_half(std::uint16_t bits) {
-  const std::uint32_t exponent = (bits >> 10) & 0x1fu, mantissa = bits & 0x3ffu;
-  float magnitude;
-  if (exponent == 0x1fu)
-    magnitude = mantissa != 0 ? std::numeric_limits<float>::quiet_NaN()
-                              : std::numeric_limits<float>::infinity();
-  else if (exponent == 0)
-    magnitude = std::ldexp(static_cast<float>(mantissa), -24);
-  else
-    magnitude = std::ldexp(static_cast<float>(mantissa | 0x400u), static_cast<int>(exponent) - 25);
-  return (bits & 0x8000u) != 0 ? -magnitude : magnitude;
-}
-
-std::uint16_t half_of_float(float value) {  // round to nearest even
-  const std::uint16_t sign = std::signbit(value) ? 0x8000u : 0u;
-  const float magnitude = std::fabs(value);
-  if (std::isnan(magnitude)) return sign | 0x7e00u;
-  if (magnitude < 0x1p-14f)  // subnormal (or the smallest normal, where it rounds up to it)
-    return sign | static_cast<std::uint16_t>(std::nearbyint(magnitude * 0x1p24f));
-  int exponent = 0;
-  const float fraction = std::frexp(magnitude, &exponent);  // in [0.5, 1)
-  auto significand = static_cast<std::uint32_t>(std::nearbyint(fraction * 2048.0f));
-  if (significand == 2048) {
-    significand = 1024;
-    ++exponent;
-  }
-  if (exponent + 14 >= 31) return sign | 0x7c00u;  // beyond the largest half: infinity
-  return sign | static_cast<std::uint16_t>((static_cast<std::uint32_t>(exponent + 14) << 10) |
-                                           (significand - 1024));
-}
 
 float tf32_of_float(float value) {  // round to nearest even, 10 bits of mantissa
   const auto bits = std::bit_cast<std::uint32_t>(value);
@@ -79,9 +37,9 @@ float load(const void* array, cudaDataType type, std::int64_t index) {
     case CUDA_R_32F:
       return static_cast<const float*>(array)[index];
     case CUDA_R_16F:
-      return float_of_half(static_cast<const std::uint16_t*>(array)[index]);
+      return dropit::to_float(static_cast<const dropit::half*>(array)[index]);
     default:  // CUDA_R_16BF
-      return float_of_bf16(static_cast<const std::uint16_t*>(array)[index]);
+      return dropit::to_float(static_cast<const dropit::bfloat16*>(array)[index]);
   }
 }
 
@@ -91,10 +49,10 @@ void store(void* array, cudaDataType type, std::int64_t index, float value) {
       static_cast<float*>(array)[index] = value;
       break;
     case CUDA_R_16F:
-      static_cast<std::uint16_t*>(array)[index] = half_of_float(value);
+      static_cast<dropit::half*>(array)[index] = dropit::from_float<dropit::half>(value);
       break;
     default:  // CUDA_R_16BF
-      static_cast<std::uint16_t*>(array)[index] = bf16_of_float(value);
+      static_cast<dropit::bfloat16*>(array)[index] = dropit::from_float<dropit::bfloat16>(value);
   }
 }
 
@@ -191,17 +149,13 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t* handle) {
   return CUBLAS_STATUS_SUCCESS;
 }
 
-cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
-  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
-  handle->math = mode;
-  return CUBLAS_STATUS_SUCCESS;
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t) {
+  return handle == nullptr ? CUBLAS_STATUS_NOT_INITIALIZED : CUBLAS_STATUS_SUCCESS;
 }
 
 cublasStatus_t cublasSetStream_v2(cublasHandle_t handle, cudaStream_t stream) {
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->stream = stream;
-  handle->workspace = nullptr;  // as cuBLAS: the default workspace again
-  handle->workspace_bytes = 0;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -215,10 +169,8 @@ cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t handle, void* workspace, siz
   if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
   // cuBLAS requires a workspace aligned to 256 bytes, in device memory.
   if (reinterpret_cast<std::uintptr_t>(workspace) % 256 != 0) return CUBLAS_STATUS_INVALID_VALUE;
-  if (!dropit_emulation::in_one_allocation(workspace, bytes)) return CUBLAS_STATUS_INVALID_VALUE;
-  handle->workspace = workspace;
-  handle->workspace_bytes = bytes;
-  return CUBLAS_STATUS_SUCCESS;
+  return dropit_emulation::in_one_allocation(workspace, bytes) ? CUBLAS_STATUS_SUCCESS
+                                                               : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 const char* cublasGetStatusName(cublasStatus_t status) {

@@ -76,18 +76,22 @@ struct grid_run {
     failed = true;
     changed.notify_all();
   }
+  void fail_locked(const std::string& why) {
+    fail_locked(std::make_exception_ptr(std::runtime_error(why)));
+  }
 
   /// The grid-wide barrier, for one thread of each block: false where the launch failed (here or
   /// elsewhere) instead.
   bool wait_at_barrier() {
     std::unique_lock<std::mutex> lock(mutex);
-    const auto stuck = [&](const std::string& why) {
-      fail_locked(std::make_exception_ptr(std::runtime_error(why)));
+    if (!cooperative) {
+      fail_locked("emulated CUDA: a grid-wide barrier in a launch that is not cooperative");
       return false;
-    };
-    if (!cooperative)
-      return stuck("emulated CUDA: a grid-wide barrier in a launch that is not cooperative");
-    if (finished != 0) return stuck(exited_before_barrier);
+    }
+    if (finished != 0) {
+      fail_locked(exited_before_barrier);
+      return false;
+    }
     const std::uint64_t at = generation;
     if (++arrived == blocks) {
       arrived = 0;
@@ -103,8 +107,7 @@ struct grid_run {
   void block_finished() {
     const std::lock_guard<std::mutex> lock(mutex);
     ++finished;
-    if (arrived != 0)
-      fail_locked(std::make_exception_ptr(std::runtime_error(exited_before_barrier)));
+    if (arrived != 0) fail_locked(exited_before_barrier);
   }
 };
 
@@ -206,8 +209,8 @@ struct fiber {
   unsigned warp = 0, lane = 0;
   const std::uint64_t* waiting_on = nullptr;  // a barrier's generation, until it moves on
   std::uint64_t waiting_from = 0;
-  unsigned spins = 0;  // waits at __nanosleep since the last barrier or collective
-  std::chrono::steady_clock::time_point spinning_since;
+  // The first of its waits at __nanosleep since its last barrier or collective.
+  std::optional<std::chrono::steady_clock::time_point> spinning_since;
   bool finished = false;
   std::vector<std::pair<void*, const void*>> pending_copies;  // 16 bytes each, until the wait
 
@@ -224,8 +227,7 @@ struct block_run {
   std::vector<warp> warps;
   barrier block;
   std::vector<uint4> shared;  // dynamic shared memory
-  const std::function<void()>* body = nullptr;
-  context scheduler;  // run_block, to which a thread returns when none can run
+  context scheduler;          // run_block, to which a thread returns when none can run
   unsigned running = 0;
   std::string stopped;            // why the block was stopped with threads left (spinning, failure)
   std::uint64_t schedule = 0;     // the random state that draws the block's order (schedule_seed)
@@ -295,7 +297,7 @@ void switch_away(bool self_last) {
 
 /// Waits at `b`; true for the thread whose arrival completed it (which goes on at once).
 bool wait_at(barrier& b) {
-  running_fiber().spins = 0;
+  running_fiber().spinning_since.reset();
   const std::uint64_t generation = b.generation;
   ++b.arrived;
   b.release_if_complete();
@@ -308,7 +310,7 @@ bool wait_at(barrier& b) {
 }
 
 void fiber_main() {
-  (*active->body)();
+  (*active->grid->body)();
   fiber& f = running_fiber();
   f.finished = true;
   // An exited thread is no longer awaited at its block's and warp's barriers.
@@ -331,7 +333,8 @@ void shuffle(std::vector<unsigned>& items, block_run& run) {
 /// stacks (equal multiples of the page size apart) do not all fall in one set of the caches.
 std::size_t stack_bytes_of(unsigned t) { return fiber_stack_bytes - 64 * (t % 64); }
 
-void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
+void run_block(block_run& run, uint3 block_index) {
+  const dim3 grid = run.grid->grid, block = run.grid->block;
   const unsigned threads = block.x * block.y * block.z;
   run.threads = threads;
   run.block = barrier{threads, 0, 0};
@@ -351,7 +354,7 @@ void run_block(block_run& run, dim3 grid, dim3 block, uint3 block_index) {
     f.warp = t / 32;
     f.lane = t % 32;
     f.waiting_on = nullptr;
-    f.spins = 0;
+    f.spinning_since.reset();
     f.finished = false;
     f.pending_copies.clear();
     start_context(f.resume, f.stack.get(), stack_bytes_of(t), fiber_main, &run.scheduler);
@@ -394,7 +397,6 @@ void run_blocks(grid_run& grid) {
   thread_local block_run run;  // its fibers' stacks are reused from launch to launch
   try {
     run.grid = &grid;
-    run.body = grid.body;
     run.shared.assign((grid.shared_bytes + sizeof(uint4) - 1) / sizeof(uint4), uint4{});
   } catch (...) {
     grid.fail(std::current_exception());
@@ -410,7 +412,7 @@ void run_blocks(grid_run& grid) {
     run.schedule = grid.seed ^ ((b + 1) * 0x94d049bb133111ebull);
     if (run.schedule == 0) run.schedule = 1;
     try {
-      run_block(run, g, grid.block, index);
+      run_block(run, index);
     } catch (...) {
       grid.fail(std::current_exception());
     }
@@ -492,7 +494,7 @@ helper_threads& block_helpers() {
 
 constinit thread_local const thread_position* current_position = nullptr;
 
-void sync_block() { static_cast<void>(wait_at(active->block)); }
+void sync_block() { wait_at(active->block); }
 
 warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value) {
   if (mask != 0xffffffffu) {
@@ -526,8 +528,8 @@ void yield_spinning() {
   fiber& f = running_fiber();
   if (active->grid->failed) stop_block("stopped: the launch failed");
   const auto now = std::chrono::steady_clock::now();
-  if (f.spins++ == 0) f.spinning_since = now;
-  if (now - f.spinning_since > spin_limit) stop_block("spins forever at __nanosleep");
+  if (!f.spinning_since) f.spinning_since = now;
+  if (now - *f.spinning_since > spin_limit) stop_block("spins forever at __nanosleep");
   std::this_thread::yield();  // the block it waits for may need this core
   switch_away(true);
 }
