@@ -154,6 +154,7 @@ T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
 }
 
 inline int __popc(unsigned x) { return std::popcount(x); }
+inline int __ffs(int x) { return x == 0 ? 0 : std::countr_zero(static_cast<unsigned>(x)) + 1; }
 /// A load that bypasses the L1 cache: a plain load here.
 template <class T>
 T __ldcg(const T* address) {

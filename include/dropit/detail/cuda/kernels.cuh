@@ -8,8 +8,9 @@
 // Kernel by kernel (the host code in cache_ops.cuh / weight_grad.cuh strings them together):
 // - select_chunks: one block per chunk: the chunk staged in shared memory (one read, 16-byte
 //   asynchronous copies), block_select (an 11-bit radix histogram pass in shared memory over
-//   every key, then 8-bit passes over the keys of the bin holding the cut) then emit_selected
-//   (128 candidates per warp at a time, in four rounds of one ballot each), writing values and
+//   every key, then the keys of the bin holding the cut collected, each warp's keys in higher
+//   bins counted on the way, and 8-bit passes over those candidates) then emit_counted (128
+//   candidates per warp at a time, in four rounds of one ballot each), writing values and
 //   bitmask / offsets, or the dense chunk of a seeded cache.
 // - select_range: a whole-tensor (or all-channel) selection in one cooperative launch, grid-wide
 //   barriers between its phases. Each pass decides 12 bits of the cut: every block counts its
@@ -122,12 +123,11 @@ DROPIT_KERNEL void select_chunks_kernel(cache_layout layout, const T* input, Wri
       }
       __syncthreads();
       const staged_keys<Selection, item> keys{staged};
-      emit_selected<std::uint32_t>(keys, block_select<key_bits>(keys, length, k, select_storage), 0,
-                                   length, 0, 0, emit, visit);
+      const cut<std::uint32_t> c = block_select<key_bits>(keys, length, k, select_storage, emit);
+      emit_counted<std::uint32_t>(keys, c, 0, length, 0, 0, emit, visit);
     } else {
-      emit_selected<std::uint32_t>(key_of,
-                                   block_select<key_bits>(key_of, length, k, select_storage), 0,
-                                   length, 0, 0, emit, visit);
+      const cut<std::uint32_t> c = block_select<key_bits>(key_of, length, k, select_storage, emit);
+      emit_counted<std::uint32_t>(key_of, c, 0, length, 0, 0, emit, visit);
     }
   }
 }
@@ -350,8 +350,8 @@ struct range_in_block_storage {
 
 /// A whole-range selection of at most range_in_block_limit candidates in one block: the passes
 /// of select_range_pass, each over every key and picked in the block, then emit_selected
-/// over the whole range; the cut is {0, m} (keep all) where k >= m. Called by every thread of
-/// one block, which reads every key whatever the grid (channel_min_k_compress's first block).
+/// over the whole range; the cut keeps all (key 0, every tie) where k >= m. Called by every thread
+/// of one block, which reads every key whatever the grid (channel_min_k_compress's first block).
 template <class Key, int KeyBits, class KeyOf, class Writer>
 __device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std::uint32_t k,
                                       const Writer& visit, range_in_block_storage& s) {
@@ -371,7 +371,7 @@ __device__ void select_range_in_block(const KeyOf& key_of, std::uint32_t m, std:
       pick_digit<range_bins>([&](std::uint32_t bin) { return s.histogram[bin]; },
                              digits::shift(pass), digits::digit_mask(pass), search, s.pick);
     }
-    c = {search.prefix, search.needed};
+    c = found_cut(search);
   }
   emit_selected(key_of, c, 0, m, 0, 0, s.emit, visit);
 }
@@ -445,7 +445,7 @@ void select_range_kernel(KeyOf key_of, std::uint32_t m, std::uint32_t k,
       select_range_pass<Key, KeyBits>(key_of, m, k, pass, s, storage.pass);
       grid.sync();  // the pass's digit is picked and its histogram cleared
     }
-    c = {s.state->search.prefix, s.state->search.needed};
+    c = found_cut(s.state->search);
   }
   select_range_emit(key_of, std::uint64_t{m}, c, spans, visit, storage.emit);
 }

@@ -6,10 +6,13 @@
 // A selection is a cut (common/keys.hpp's `threshold`): keep every key above `key` and the first
 // `ties` keys equal to it. `block_select` finds the cut of one chunk inside one block by MSB radix
 // passes over shared-memory histograms: 11 bits over every key, then the rest over the few keys
-// of the bin that holds the cut; `emit_selected` then gives each warp a segment of the candidates
-// in index order, 128 at a time in four rounds of 32 consecutive ones: a round's keep bits are one
-// warp ballot, which is its bitmask word and, with popcounts, every kept candidate's output slot,
-// so writers store values and positions in ascending position order with no further coordination.
+// of the bin that holds the cut, collected by each warp from its own segment of the chunk, whose
+// keys in higher bins it counts on the way (the collected ones at the cut are added once it is
+// known). `emit_counted` then walks each warp's segment in
+// index order, 128 candidates at a time in four rounds of 32 consecutive ones: a round's keep bits
+// are one warp ballot, which is its bitmask word and, with popcounts, every kept candidate's output
+// slot, so writers store values and positions in ascending position order with no further
+// coordination (`emit_selected` counts the segments first, for ranges without block_select).
 
 #include <cub/block/block_scan.cuh>
 
@@ -26,13 +29,16 @@ template <class Key>
 struct cut {
   Key key = 0;
   std::uint64_t ties = 0;
+  /// Every key equal to `key` is kept (the usual case: one key holds it): the kept keys are those
+  /// at or above it, and the emit ranks no tie.
+  bool all_ties = false;
 };
 
 /// The cut keeping `k` of `m` keys where no search is needed (k == 0 or k >= m): none (nothing is
 /// above the largest key, no tie kept) or all (every key is >= 0, every tie kept).
 template <class Key>
 __host__ __device__ cut<Key> cut_without_search(std::uint64_t m, std::uint64_t k) {
-  return k == 0 ? cut<Key>{static_cast<Key>(~Key{0}), 0} : cut<Key>{Key{0}, m};
+  return k == 0 ? cut<Key>{static_cast<Key>(~Key{0}), 0, false} : cut<Key>{Key{0}, m, true};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -118,17 +124,6 @@ __device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std:
   for (int j = 0; j < 4; ++j) keys[j] = i + j < end ? key_of(i + j) : Key{0};
 }
 
-/// Keys stored in shared memory (a chunk's candidates).
-struct shared_keys {
-  const std::uint32_t* keys;
-  __device__ std::uint32_t operator()(std::uint32_t i) const { return keys[i]; }
-  __device__ void four(std::uint32_t i, std::uint32_t (&out)[4]) const {
-    const auto loaded = *reinterpret_cast<const four_items<std::uint32_t>*>(keys + i);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) out[j] = loaded.item[j];
-  }
-};
-
 /// A chunk's cut is found by MSB radix passes. The first takes the top 11 bits of every key into a
 /// 2048-bin histogram. The keys of the bin holding the cut — a few percent of a chunk of
 /// magnitudes (a quarter of an octave), 1/2048 of one of random draws — are then copied into the
@@ -154,7 +149,7 @@ inline constexpr std::uint32_t discard_bins = 32;
 struct block_select_storage {
   union alignas(16) {
     std::uint32_t histogram[chunk_bins + discard_bins];  // passes over every key
-    std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin, once it is chosen
+    std::uint32_t candidates[chunk_bins];  // the first pass's boundary bin (candidate_keys)
   };
   std::uint32_t candidate_histogram[candidate_bins + discard_bins];  // passes over the candidates
   digit_pick_storage pick;
@@ -168,6 +163,13 @@ struct cut_search {
   Key prefix = 0, mask = 0;
   std::uint32_t matching = 0, needed = 0;
 };
+
+/// The cut a search found once every bit is decided: its prefix is the cut's key, and `matching`
+/// counts the keys equal to it.
+template <class Key>
+__host__ __device__ cut<Key> found_cut(const cut_search<Key>& search) {
+  return {search.prefix, search.needed, search.needed == search.matching};
+}
 
 /// Narrows `search` to the bin of the next digit — `Bins` bins, at `shift` under `digit_mask` —
 /// that holds the cut, from `count_of(bin)`: the matching keys in each bin but bin 0, which radix
@@ -297,120 +299,6 @@ inline constexpr int block_warps = block_threads / 32;
 
 __device__ inline std::uint32_t lanes_below_mask() { return (1u << (threadIdx.x & 31u)) - 1u; }
 
-/// Appends the keys matching the search's prefix to `s.candidates` (in no particular order).
-/// Called by every thread of the block; there must be room for every matching key. A warp takes
-/// 128 keys at a time: four consecutive ones per lane where that is one vector load (shared
-/// memory), else round j's 32 consecutive ones, one per lane (coalesced global loads).
-template <class KeyOf>
-__device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
-                                   const cut_search<std::uint32_t>& search,
-                                   block_select_storage& s) {
-  const unsigned lane = threadIdx.x & 31u;
-  const std::uint32_t lanes_below = lanes_below_mask();
-  constexpr bool vector = loads_four_keys<KeyOf>;
-  const auto index = [&](std::uint32_t group, int j) {
-    return vector ? group + 4 * lane + j : group + 32 * j + lane;
-  };
-  // Appends this lane's keys j whose bit is set in votes[j] (the warp's ballots).
-  const auto append = [&](const std::uint32_t(&keys)[4], const std::uint32_t(&votes)[4]) {
-    const std::uint32_t total =
-        __popc(votes[0]) + __popc(votes[1]) + __popc(votes[2]) + __popc(votes[3]);
-    if (total == 0) return;  // uniform across the warp
-    std::uint32_t slot = 0;
-    if (lane == 0) slot = atomicAdd(&s.candidate_count, total);
-    slot = __shfl_sync(0xffffffffu, slot, 0);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if ((votes[j] >> lane) & 1u) s.candidates[slot + __popc(votes[j] & lanes_below)] = keys[j];
-      slot += __popc(votes[j]);
-    }
-  };
-  const auto matches = [&](std::uint32_t key) { return (key & search.mask) == search.prefix; };
-  // Warp by warp, so that all 32 lanes take part in every vote: whole groups, then the one the
-  // end cuts short (if any).
-  constexpr std::uint32_t stride = emit_group * block_warps;
-  std::uint32_t group = emit_group * (threadIdx.x / 32);
-  std::uint32_t keys[4], votes[4];
-  for (; group + emit_group <= length; group += stride) {
-    if constexpr (vector)
-      key_of.four(index(group, 0), keys);
-    else
-#pragma unroll
-      for (int j = 0; j < 4; ++j) keys[j] = key_of(index(group, j));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
-    append(keys, votes);
-  }
-  if (group < length) {
-    if constexpr (vector)
-      load_four_keys(key_of, index(group, 0), length, keys);
-    else
-#pragma unroll
-      for (int j = 0; j < 4; ++j) keys[j] = index(group, j) < length ? key_of(index(group, j)) : 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      votes[j] = __ballot_sync(0xffffffffu, index(group, j) < length && matches(keys[j]));
-    append(keys, votes);
-  }
-}
-
-/// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`, whose low `32 - KeyBits` bits
-/// are zero. Called by every thread of the block; reads every key twice (the first pass and the
-/// collection of candidates), or, when the candidates do not fit, once per 11-bit pass.
-template <int KeyBits, class KeyOf>
-__device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
-                                           std::uint32_t k, block_select_storage& s) {
-  if (k == 0 || k >= length) return cut_without_search<std::uint32_t>(length, k);
-  cut_search<std::uint32_t> search{0, 0, length, k};
-  if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
-  constexpr int low = 32 - chunk_digit_bits;
-  radix_pass<chunk_bins>(key_of, length, low, chunk_bins - 1, search, s.histogram, s);
-  if (search.matching <= chunk_bins) {
-    collect_candidates(key_of, length, search, s);
-    __syncthreads();
-    finish_search<KeyBits, candidate_digit_bits>(shared_keys{s.candidates}, search.matching, low,
-                                                 search, s.candidate_histogram, s);
-  } else {
-    finish_search<KeyBits, chunk_digit_bits>(key_of, length, low, search, s.histogram, s);
-  }
-  __syncthreads();  // the candidates and the histogram are no longer read
-  return {search.prefix, search.needed};
-}
-
-// ---------------------------------------------------------------------------------------------
-// Emitting a cut.
-
-struct emit_storage {
-  std::uint32_t above[block_warps];  // keys above the cut in each warp's segment
-  std::uint32_t equal[block_warps];  // keys equal to it
-};
-
-/// One group of candidates as emit_selected hands it to a visitor (called by all 32 lanes of the
-/// warp together). Round j of the group is the 32 candidates first + 32 j .. first + 32 j + 31;
-/// this lane holds candidate first + `offset(j)` of each round. `Index` counts candidates (32 bits
-/// within a chunk, so that writers address with one multiply-add).
-template <class Index>
-struct emitted_group {
-  Index first;          // the group's first candidate
-  Index slot;           // slots taken before the group since the selection's start
-  std::uint32_t count;  // candidates of the group that exist (128 but in a segment's last group)
-  std::uint32_t kept[emit_rounds];    // bit l: candidate first + 32 j + l is kept (the same in
-                                      // every lane: round j's bitmask word)
-  std::uint32_t before[emit_rounds];  // kept candidates of the group before this lane's in round j
-
-  __device__ static std::uint32_t offset(int j) { return 32 * j + (threadIdx.x & 31u); }
-  __device__ bool exists(int j) const { return offset(j) < count; }
-  __device__ bool is_kept(int j) const { return (kept[j] >> (threadIdx.x & 31u)) & 1u; }
-  /// Round `lane`'s bitmask word in lanes 0 .. 3 (a select, not an indexed register array).
-  __device__ std::uint32_t word_of_lane() const {
-    const unsigned lane = threadIdx.x & 31u;
-    std::uint32_t word = kept[0];
-#pragma unroll
-    for (int j = 1; j < emit_rounds; ++j) word = lane == static_cast<unsigned>(j) ? kept[j] : word;
-    return word;
-  }
-};
-
 /// The calling warp's segment of the candidates [begin, end): whole 128-candidate groups, the
 /// same number for every warp of the block (the last ones may be shorter or empty). Offsets within
 /// a segment are 32-bit: under 2^32 - 128 candidates (chunks hold at most 2^16, spans 2^14).
@@ -430,8 +318,145 @@ struct warp_segment {
   }
 };
 
-/// The first half of emit_selected: counts the keys above and equal to the cut in each warp's
-/// segment of [begin, end) into `s`. Called by every thread of the block; ends with a barrier.
+/// Keys above and equal to a cut in each warp's segment (count_segments, or collect_candidates
+/// and count_candidates).
+struct emit_storage {
+  std::uint32_t above[block_warps];  // keys above the cut in each warp's segment
+  std::uint32_t equal[block_warps];  // keys equal to it
+};
+
+/// The first pass's candidates as collect_candidates keeps them: the key's bits below the pass's
+/// digit (which every candidate shares) and, above those, the warp whose segment holds the key.
+struct candidate_keys {
+  static constexpr int owner_shift = 32 - chunk_digit_bits;
+  static constexpr std::uint32_t low_bits = (1u << owner_shift) - 1u;
+  static_assert(block_warps <= (1 << chunk_digit_bits), "a warp index fits above the low bits");
+
+  const std::uint32_t* candidates;
+  std::uint32_t prefix;  // the first pass's digit, in place
+
+  __device__ static std::uint32_t stored(std::uint32_t key, unsigned warp) {
+    return (key & low_bits) | (warp << owner_shift);
+  }
+  __device__ static unsigned owner(std::uint32_t candidate) { return candidate >> owner_shift; }
+  __device__ std::uint32_t key(std::uint32_t candidate) const {
+    return prefix | (candidate & low_bits);
+  }
+  __device__ std::uint32_t operator()(std::uint32_t i) const { return key(candidates[i]); }
+  __device__ void four(std::uint32_t i, std::uint32_t (&out)[4]) const {
+    const auto loaded = *reinterpret_cast<const four_items<std::uint32_t>*>(candidates + i);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) out[j] = key(loaded.item[j]);
+  }
+};
+
+/// After the first pass: appends the keys of the bin holding the cut (those matching the search's
+/// prefix) to `s.candidates`, as candidate_keys hold them, in no particular order; and sets each
+/// warp's `counts.above` to the keys of its emit segment (warp_segment over [0, length)) in higher
+/// bins, `counts.equal` to 0 — count_candidates adds the candidates' share once the cut is known,
+/// so that the emit needs no pass of its own to count. Called by every thread of the block; there
+/// must be room for every matching key. A warp takes 128 keys at a time: four consecutive ones per
+/// lane where that is one vector load (shared memory), else round j's 32 consecutive ones, one per
+/// lane (coalesced global loads).
+template <class KeyOf>
+__device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
+                                   const cut_search<std::uint32_t>& search, block_select_storage& s,
+                                   emit_storage& counts) {
+  const unsigned lane = threadIdx.x & 31u, warp = threadIdx.x / 32;
+  const std::uint32_t lanes_below = lanes_below_mask();
+  const warp_segment seg(0, length);
+  const auto first = static_cast<std::uint32_t>(seg.first);
+  constexpr bool vector = loads_four_keys<KeyOf>;
+  const auto index = [&](std::uint32_t group, int j) {  // within the segment
+    return vector ? group + 4 * lane + j : group + 32 * j + lane;
+  };
+  // Appends this lane's keys j whose bit is set in votes[j] (the warp's ballots).
+  const auto append = [&](const std::uint32_t(&keys)[4], const std::uint32_t(&votes)[4]) {
+    const std::uint32_t total =
+        __popc(votes[0]) + __popc(votes[1]) + __popc(votes[2]) + __popc(votes[3]);
+    if (total == 0) return;  // uniform across the warp
+    std::uint32_t slot = 0;
+    if (lane == 0) slot = atomicAdd(&s.candidate_count, total);
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if ((votes[j] >> lane) & 1u)
+        s.candidates[slot + __popc(votes[j] & lanes_below)] = candidate_keys::stored(keys[j], warp);
+      slot += __popc(votes[j]);
+    }
+  };
+  const auto matches = [&](std::uint32_t key) { return (key & search.mask) == search.prefix; };
+  const std::uint32_t bin_top = search.prefix | ~search.mask;  // the bin's largest key
+  std::uint32_t above = 0;
+  // Whole groups, then the one the segment's end cuts short (if any).
+  std::uint32_t group = 0, keys[4], votes[4];
+  for (; group + emit_group <= seg.count; group += emit_group) {
+    if constexpr (vector)
+      key_of.four(first + index(group, 0), keys);
+    else
+#pragma unroll
+      for (int j = 0; j < 4; ++j) keys[j] = key_of(first + index(group, j));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
+      above += keys[j] > bin_top;
+    }
+    append(keys, votes);
+  }
+  if (group < seg.count) {
+    if constexpr (vector)
+      load_four_keys(key_of, first + index(group, 0), first + seg.count, keys);
+    else
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        keys[j] = index(group, j) < seg.count ? key_of(first + index(group, j)) : 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool exists = index(group, j) < seg.count;
+      votes[j] = __ballot_sync(0xffffffffu, exists && matches(keys[j]));
+      above += exists && keys[j] > bin_top;
+    }
+    append(keys, votes);
+  }
+  above = warp_sum(above);
+  if (lane == 0) {
+    counts.above[warp] = above;
+    counts.equal[warp] = 0;
+  }
+}
+
+/// Completes collect_candidates' counts once the cut `c` is found: adds each of the `collected`
+/// candidates above or equal to it to its warp's count. A warp takes 32 candidates at a time and
+/// adds them up owner by owner; a warp appends a group's candidates together, so a round usually
+/// holds one or two owners. Called by every thread of the block.
+__device__ inline void count_candidates(const candidate_keys& candidates, std::uint32_t collected,
+                                        cut<std::uint32_t> c, emit_storage& counts) {
+  const unsigned lane = threadIdx.x & 31u;
+  for (std::uint32_t round = threadIdx.x - lane; round < collected; round += block_threads) {
+    const bool exists = round + lane < collected;
+    const std::uint32_t candidate = exists ? candidates.candidates[round + lane] : 0u;
+    const std::uint32_t key = candidates.key(candidate);
+    const unsigned owner = candidate_keys::owner(candidate);
+    const bool above = exists && key > c.key, equal = exists && key == c.key;
+    for (std::uint32_t pending = __ballot_sync(0xffffffffu, above || equal); pending != 0;) {
+      const unsigned served = __shfl_sync(0xffffffffu, owner, __ffs(pending) - 1);
+      const bool mine = owner == served;
+      const auto above_count =
+          static_cast<std::uint32_t>(__popc(__ballot_sync(0xffffffffu, mine && above)));
+      const auto equal_count =
+          static_cast<std::uint32_t>(__popc(__ballot_sync(0xffffffffu, mine && equal)));
+      if (lane == 0) {
+        atomicAdd(&counts.above[served], above_count);
+        atomicAdd(&counts.equal[served], equal_count);
+      }
+      pending &= ~__ballot_sync(0xffffffffu, mine);
+    }
+  }
+}
+
+/// The first half of emit_selected (and block_select's, where it has no candidates to count from):
+/// counts the keys above and equal to the cut in each warp's segment of [begin, end) into `s`.
+/// Called by every thread of the block; ends with a barrier.
 template <class Key, class KeyOf>
 __device__ void count_segments(const KeyOf& key_of, cut<Key> c, std::uint64_t begin,
                                std::uint64_t end, emit_storage& s) {
@@ -483,10 +508,76 @@ __device__ void count_segments(const KeyOf& key_of, cut<Key> c, std::uint64_t be
   __syncthreads();
 }
 
-/// The second half of emit_selected, after count_segments over the same range: calls
-/// `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys above /
-/// equal to the cut before `begin`. `Index` holds candidate indices and slots: 32 bits where the
-/// range is a chunk. Called by every thread of the block; ends with a barrier.
+/// The cut keeping `k` of the `length` keys `key_of(0 .. length-1)`, whose low `32 - KeyBits` bits
+/// are zero; and in `counts`, the keys above and equal to it in each warp's segment, as
+/// count_segments leaves them for emit_counted. Called by every thread of the block; ends with a
+/// barrier. Reads every key twice (the first pass, and the collection of candidates, which counts
+/// too), or, when the candidates do not fit, once per 11-bit pass and once to count; once where
+/// k is 0 or at least `length` (no search, a count).
+template <int KeyBits, class KeyOf>
+__device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t length,
+                                           std::uint32_t k, block_select_storage& s,
+                                           emit_storage& counts) {
+  if (k == 0 || k >= length) {
+    const auto c = cut_without_search<std::uint32_t>(length, k);
+    count_segments(key_of, c, 0, length, counts);
+    return c;
+  }
+  cut_search<std::uint32_t> search{0, 0, length, k};
+  if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
+  constexpr int low = 32 - chunk_digit_bits;
+  radix_pass<chunk_bins>(key_of, length, low, chunk_bins - 1, search, s.histogram, s);
+  if (search.matching <= chunk_bins) {
+    const std::uint32_t collected = search.matching;
+    const candidate_keys candidates{s.candidates, search.prefix};
+    collect_candidates(key_of, length, search, s, counts);
+    __syncthreads();
+    finish_search<KeyBits, candidate_digit_bits>(candidates, collected, low, search,
+                                                 s.candidate_histogram, s);
+    const cut<std::uint32_t> c = found_cut(search);
+    count_candidates(candidates, collected, c, counts);
+    __syncthreads();  // the counts are whole; the candidates are no longer read
+    return c;
+  }
+  finish_search<KeyBits, chunk_digit_bits>(key_of, length, low, search, s.histogram, s);
+  const cut<std::uint32_t> c = found_cut(search);
+  count_segments(key_of, c, 0, length, counts);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Emitting a cut.
+
+/// One group of candidates as emit_counted hands it to a visitor (called by all 32 lanes of the
+/// warp together). Round j of the group is the 32 candidates first + 32 j .. first + 32 j + 31;
+/// this lane holds candidate first + `offset(j)` of each round. `Index` counts candidates (32 bits
+/// within a chunk, so that writers address with one multiply-add).
+template <class Index>
+struct emitted_group {
+  Index first;          // the group's first candidate
+  Index slot;           // slots taken before the group since the selection's start
+  std::uint32_t count;  // candidates of the group that exist (128 but in a segment's last group)
+  std::uint32_t kept[emit_rounds];    // bit l: candidate first + 32 j + l is kept (the same in
+                                      // every lane: round j's bitmask word)
+  std::uint32_t before[emit_rounds];  // kept candidates of the group before this lane's in round j
+
+  __device__ static std::uint32_t offset(int j) { return 32 * j + (threadIdx.x & 31u); }
+  __device__ bool exists(int j) const { return offset(j) < count; }
+  __device__ bool is_kept(int j) const { return (kept[j] >> (threadIdx.x & 31u)) & 1u; }
+  /// Round `lane`'s bitmask word in lanes 0 .. 3 (a select, not an indexed register array).
+  __device__ std::uint32_t word_of_lane() const {
+    const unsigned lane = threadIdx.x & 31u;
+    std::uint32_t word = kept[0];
+#pragma unroll
+    for (int j = 1; j < emit_rounds; ++j) word = lane == static_cast<unsigned>(j) ? kept[j] : word;
+    return word;
+  }
+};
+
+/// The second half of emit_selected, after count_segments (or block_select) over the same range:
+/// calls `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys
+/// above / equal to the cut before `begin`. `Index` holds candidate indices and slots: 32 bits
+/// where the range is a chunk. Called by every thread of the block; ends with a barrier.
 template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
 __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
                              std::type_identity_t<Index> end,
@@ -503,9 +594,11 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
     above_before += s.above[w];
     equal_before += s.equal[w];
   }
-  // One group: whole (128 candidates, no index tested) or the segment's last, cut short.
-  const auto emit_one = [&](std::uint32_t group, auto whole_group) {  // uniform in the warp
-    constexpr bool whole = decltype(whole_group)::value;
+  // One group: whole (128 candidates, no index tested) or the segment's last, cut short. Where the
+  // cut keeps all its ties, a candidate is kept at or above its key: one ballot a round, no rank.
+  const auto emit_one = [&](std::uint32_t group, auto whole_group, auto keeps_all_ties) {
+    constexpr bool whole = decltype(whole_group)::value;  // uniform in the warp
+    constexpr bool all_ties = decltype(keeps_all_ties)::value;
     emitted_group<Index> g;
     g.first = first + group;
     g.count = whole ? emit_group : count - group;
@@ -515,21 +608,26 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
       const std::uint32_t offset = 32 * j + lane;
       const bool exists = whole || offset < g.count;
       const Key key = key_of(g.first + (exists ? offset : 0u));  // no branch: the loads overlap
-      g.kept[j] = __ballot_sync(0xffffffffu, exists && key > c.key);
-      equal_votes[j] = __ballot_sync(0xffffffffu, exists && key == c.key);
+      // With every tie kept, "above" counts the ties too: the slots are the same.
+      g.kept[j] = __ballot_sync(0xffffffffu, exists && (all_ties ? key >= c.key : key > c.key));
       above_total += __popc(g.kept[j]);
-      equal_total += __popc(equal_votes[j]);
+      if constexpr (!all_ties) {
+        equal_votes[j] = __ballot_sync(0xffffffffu, exists && key == c.key);
+        equal_total += __popc(equal_votes[j]);
+      }
     }
-    // The ties kept are the first ones: those of rank below c.ties. (Rare: a cut's key is
-    // usually held by one candidate of the chunk.)
-    if (equal_total != 0 && equal_before < ties) {  // uniform in the warp
-      Index rank = equal_before;
+    // The ties kept are the first ones: those of rank below c.ties. (Only where the cut splits its
+    // ties, or keeps none.)
+    if constexpr (!all_ties) {
+      if (equal_total != 0 && equal_before < ties) {  // uniform in the warp
+        Index rank = equal_before;
 #pragma unroll
-      for (int j = 0; j < emit_rounds; ++j) {
-        const bool tie = (equal_votes[j] >> lane) & 1u;
-        g.kept[j] |=
-            __ballot_sync(0xffffffffu, tie && rank + __popc(equal_votes[j] & lanes_below) < ties);
-        rank += __popc(equal_votes[j]);
+        for (int j = 0; j < emit_rounds; ++j) {
+          const bool tie = (equal_votes[j] >> lane) & 1u;
+          g.kept[j] |=
+              __ballot_sync(0xffffffffu, tie && rank + __popc(equal_votes[j] & lanes_below) < ties);
+          rank += __popc(equal_votes[j]);
+        }
       }
     }
     std::uint32_t kept_before = 0;
@@ -543,9 +641,16 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
     above_before += above_total;
     equal_before += equal_total;
   };
-  std::uint32_t group = 0;
-  for (; group + emit_group <= count; group += emit_group) emit_one(group, std::true_type{});
-  if (group < count) emit_one(group, std::false_type{});
+  const auto emit_all = [&](auto keeps_all_ties) {
+    std::uint32_t group = 0;
+    for (; group + emit_group <= count; group += emit_group)
+      emit_one(group, std::true_type{}, keeps_all_ties);
+    if (group < count) emit_one(group, std::false_type{}, keeps_all_ties);
+  };
+  if (c.all_ties)  // uniform in the block
+    emit_all(std::true_type{});
+  else
+    emit_all(std::false_type{});
   __syncthreads();  // before the counts are written again
 }
 
@@ -567,7 +672,7 @@ __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::type_identit
 }
 
 // ---------------------------------------------------------------------------------------------
-// Visitors of emit_selected. Each describes one chunk (pointers already at the chunk's start);
+// Visitors of emit_counted. Each describes one chunk (pointers already at the chunk's start);
 // `at(layout, chunk)` moves a whole-cache visitor to a chunk.
 
 /// Values only (seeded caches).
