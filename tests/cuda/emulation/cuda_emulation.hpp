@@ -4,11 +4,12 @@
 // A translation unit compiled by the host compiler with this header first (-include) and
 // tests/cuda/emulation/include before the toolkit's headers compiles the backend's kernels as plain
 // C++; the CUDA runtime functions the backend and its tests call are defined by
-// cuda_emulation.cpp instead of libcudart, and cuBLAS's by cublas_emulation.cpp. A launch (detail/cuda/common.cuh's `launch`) runs its
-// blocks as the device does, up to `resident_blocks` at once, each on its own host thread, taking
-// them in order as earlier ones finish; a block's threads are fibers of that host thread, switched
-// only where a thread waits: at __syncthreads, at a warp collective (__ballot_sync, __shfl_sync,
-// __all_sync) until all lanes of its warp have reached one, and at __nanosleep. So the kernels'
+// cuda_emulation.cpp instead of libcudart, and cuBLAS's by cublas_emulation.cpp. A launch
+// (detail/cuda/common.cuh's `launch`) runs its blocks as the device does, up to `resident_blocks`
+// at once, each on its own host thread, taking them in order as earlier ones finish; a block's
+// threads are fibers of that host thread, switched only where a thread waits: at __syncthreads, at
+// a warp collective (__ballot_sync, __shfl_sync and its variants, __all_sync, __syncwarp) until
+// all lanes of its warp have reached one, and at __nanosleep. So the kernels'
 // index arithmetic, their warp and block collectives, their shared-memory protocols and what
 // blocks tell one another through global memory (atomics, look-back, the grid-wide barrier of a
 // cooperative launch) run for real; what only hardware shows (timing, races between
@@ -118,6 +119,11 @@ warp_values collective(const char* intrinsic, unsigned mask, std::uint64_t value
 #define gridDim (::dropit_emulation::position().grid_dim)
 
 inline void __syncthreads() { ::dropit_emulation::sync_block(); }
+/// The calling warp's lanes wait for one another (a collective: its memory effects are ordered by
+/// the exchange's own synchronisation).
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  ::dropit_emulation::collective("__syncwarp", mask, 0);
+}
 inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 inline void __nanosleep(unsigned) { ::dropit_emulation::yield_spinning(); }
 
@@ -141,6 +147,16 @@ T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   return ::dropit_emulation::exchanged<T>(
       got.of_lane[(lane & ~(width - 1)) | (source & (width - 1))]);
+}
+template <class T>
+T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32) {
+  const auto got = ::dropit_emulation::collective("__shfl_up_sync", mask,
+                                                  ::dropit_emulation::exchangeable(value));
+  // A source below this lane's segment of `width` lanes gives the lane its own value.
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int source = lane - static_cast<int>(delta);
+  return ::dropit_emulation::exchanged<T>(
+      got.of_lane[source < (lane & ~(width - 1)) ? lane : source]);
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {

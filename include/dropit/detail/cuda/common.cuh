@@ -100,6 +100,18 @@ __device__ inline Value warp_sum(Value value) {
   return value;
 }
 
+/// The sum of `value` over lanes 0 .. this one of the calling warp (all 32 lanes take part).
+template <class Value>
+__device__ inline Value warp_inclusive_sum(Value value) {
+  const unsigned lane = threadIdx.x & 31u;
+#pragma unroll
+  for (unsigned offset = 1; offset < 32; offset *= 2) {
+    const Value below = __shfl_up_sync(0xffffffffu, value, offset);
+    if (lane >= offset) value += below;
+  }
+  return value;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Copies into shared memory.
 

@@ -9,9 +9,9 @@
 // - select_chunks: one block per chunk: the chunk staged in shared memory (one read, 16-byte
 //   asynchronous copies), block_select (an 11-bit radix histogram pass in shared memory over
 //   every key, then the keys of the bin holding the cut collected, each warp's keys in higher
-//   bins counted on the way, and 8-bit passes over those candidates) then emit_counted (128
-//   candidates per warp at a time, in four rounds of one ballot each), writing values and
-//   bitmask / offsets, or the dense chunk of a seeded cache.
+//   bins counted on the way, and 8-bit passes over those candidates by one warp) then
+//   emit_counted (128 candidates per warp at a time, in four rounds of one ballot each), writing
+//   values and bitmask / offsets, or the dense chunk of a seeded cache.
 // - select_range: a whole-tensor (or all-channel) selection in one cooperative launch, grid-wide
 //   barriers between its phases. Each pass decides 12 bits of the cut: every block counts its
 //   keys' digit into a 4096-bin shared histogram and adds it to a global one, and the last block

@@ -8,7 +8,7 @@
 // passes over shared-memory histograms: 11 bits over every key, then the rest over the few keys
 // of the bin that holds the cut, collected by each warp from its own segment of the chunk, whose
 // keys in higher bins it counts on the way (the collected ones at the cut are added once it is
-// known). `emit_counted` then walks each warp's segment in
+// known), and searched by one warp. `emit_counted` then walks each warp's segment in
 // index order, 128 candidates at a time in four rounds of 32 consecutive ones: a round's keep bits
 // are one warp ballot, which is its bitmask word and, with popcounts, every kept candidate's output
 // slot, so writers store values and positions in ascending position order with no further
@@ -110,6 +110,11 @@ concept loads_four_keys = requires(const KeyOf& key_of, std::uint32_t (&keys)[4]
   key_of.four(std::uint32_t{0}, keys);
 };
 
+/// Key sources whose `four` may also read the keys of a last batch of four that the end cuts
+/// short (the items past the end are memory of theirs, whatever it holds).
+template <class KeyOf>
+concept readable_to_four = loads_four_keys<KeyOf> && KeyOf::whole_fours_readable;
+
 /// Four keys `key_of(i .. i+3)`, those at `end` or beyond read as 0 (callers test the index).
 template <class Key, class KeyOf>
 __device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std::uint64_t end,
@@ -128,19 +133,39 @@ __device__ inline void load_four_keys(const KeyOf& key_of, std::uint64_t i, std:
 /// 2048-bin histogram. The keys of the bin holding the cut — a few percent of a chunk of
 /// magnitudes (a quarter of an octave), 1/2048 of one of random draws — are then copied into the
 /// histogram's memory, and the remaining 21 bits (5 for 16-bit types, whose low 16 bits are zero)
-/// are decided over those candidates alone, 8 bits at a time over a 256-bin histogram. When the
-/// bin holds more keys than fit (ties, zeros, values in a narrow range), the later passes scan
-/// every key instead, 11 bits at a time.
+/// are decided over those candidates alone, 8 bits at a time over a 256-bin histogram, by one warp
+/// (a few hundred keys: the other warps wait, issuing nothing). When the bin holds more keys than
+/// fit (ties, zeros, values in a narrow range), the later passes scan every key instead, 11 bits
+/// at a time, by the whole block.
 inline constexpr int chunk_digit_bits = 11;
 inline constexpr std::uint32_t chunk_bins = 1u << chunk_digit_bits;
 inline constexpr int candidate_digit_bits = 8;
 inline constexpr std::uint32_t candidate_bins = 1u << candidate_digit_bits;
 
-/// What pick_digit shares across the block.
+/// A cut being searched: the digits decided so far (`prefix` under `mask`), how many keys match
+/// them, and how many of those are still to keep (in [1, matching]). Fewer than 2^32 candidates.
+template <class Key>
+struct cut_search {
+  Key prefix = 0, mask = 0;
+  std::uint32_t matching = 0, needed = 0;
+};
+
+/// What pick_digit shares across the block (or the warp).
 struct digit_pick_storage {
   typename cub::BlockScan<std::uint32_t, block_threads>::TempStorage scan;
   std::uint32_t digit, needed, matching;
 };
+
+/// The threads of a radix pass's team — the whole block, or one warp (`Threads` == 32) — wait for
+/// one another, their shared-memory writes seen by all of them.
+template <int Threads>
+__device__ inline void team_sync() {
+  static_assert(Threads == block_threads || Threads == 32, "a team is the block or one warp");
+  if constexpr (Threads == block_threads)
+    __syncthreads();
+  else
+    __syncwarp();
+}
 
 /// Bins past a histogram's own, one per lane: a radix pass adds every key it does not count
 /// there, so that its atomics take no branch. Never read.
@@ -154,14 +179,7 @@ struct block_select_storage {
   std::uint32_t candidate_histogram[candidate_bins + discard_bins];  // passes over the candidates
   digit_pick_storage pick;
   std::uint32_t candidate_count;
-};
-
-/// A cut being searched: the digits decided so far (`prefix` under `mask`), how many keys match
-/// them, and how many of those are still to keep (in [1, matching]). Fewer than 2^32 candidates.
-template <class Key>
-struct cut_search {
-  Key prefix = 0, mask = 0;
-  std::uint32_t matching = 0, needed = 0;
+  cut_search<std::uint32_t> candidates_search;  // as warp 0 leaves it, for the block
 };
 
 /// The cut a search found once every bit is decided: its prefix is the cut's key, and `matching`
@@ -175,47 +193,57 @@ __host__ __device__ cut<Key> found_cut(const cut_search<Key>& search) {
 /// that holds the cut, from `count_of(bin)`: the matching keys in each bin but bin 0, which radix
 /// passes leave uncounted (a warp of zeros, which ReLU outputs and padding are full of, would
 /// serialise 32 atomics on one address) — its count is what the other bins leave of `matching`.
-/// Called by every thread of the block; ends with a barrier.
-template <int Bins, class Key, class CountOf>
+/// Called by every thread of the team (`Threads`: the block, or warp 0 alone); ends with its
+/// team_sync.
+template <int Bins, int Threads = block_threads, class Key, class CountOf>
 __device__ void pick_digit(const CountOf& count_of, int shift, std::uint32_t digit_mask,
                            cut_search<Key>& search, digit_pick_storage& s) {
-  static_assert(Bins % block_threads == 0, "every thread scans the same number of bins");
+  static_assert(Bins % Threads == 0, "every thread scans the same number of bins");
   // Thread t holds the bins from Bins - 1 - t * per_thread down, so the inclusive sum of its
   // group's counts is the number of matching keys in its lowest bin or above.
-  constexpr int per_thread = Bins / block_threads;
-  const std::uint32_t top = Bins - 1 - threadIdx.x * per_thread;
+  constexpr int per_thread = Bins / Threads;
+  const unsigned rank = threadIdx.x % Threads;
+  const std::uint32_t top = Bins - 1 - rank * per_thread;
   std::uint32_t counts[per_thread];
   std::uint32_t group = 0;
 #pragma unroll
   for (int j = 0; j < per_thread; ++j) group += counts[j] = count_of(top - j);
   std::uint32_t at_or_above = 0;
-  cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
-  std::uint32_t above = at_or_above - group;
+  if constexpr (Threads == block_threads)
+    cub::BlockScan<std::uint32_t, block_threads>(s.scan).InclusiveSum(group, at_or_above);
+  else
+    at_or_above = warp_inclusive_sum(group);
   const std::uint32_t needed = search.needed;
-  if (above < needed && needed <= at_or_above) {  // at most one thread
+  if (std::uint32_t above = at_or_above - group; above < needed && needed <= at_or_above) {
+    // At most one thread: the cut is in its last bin whose keys above it are fewer than needed.
+    // (Selects, then one store of each: no store per bin.)
+    std::uint32_t digit = top, needed_in_bin = needed - above, matching = counts[0];
 #pragma unroll
-    for (int j = 0; j < per_thread; ++j) {
-      if (above < needed && needed <= above + counts[j]) {
-        s.digit = top - j;
-        s.needed = needed - above;
-        s.matching = counts[j];
+    for (int j = 1; j < per_thread; ++j) {
+      above += counts[j - 1];
+      if (above < needed) {
+        digit = top - j;
+        needed_in_bin = needed - above;
+        matching = counts[j];
       }
-      above += counts[j];
     }
+    s.digit = digit;
+    s.needed = needed_in_bin;
+    s.matching = matching;
   }
   // The last thread's sum covers every counted key: the cut is in bin 0 if it lies beyond.
-  if (threadIdx.x == block_threads - 1 && needed > at_or_above) {
+  if (rank == Threads - 1 && needed > at_or_above) {
     s.digit = 0;
     s.needed = needed - at_or_above;
     s.matching = search.matching - at_or_above;
   }
-  __syncthreads();
+  team_sync<Threads>();
   search.prefix |= static_cast<Key>(s.digit) << shift;
   search.mask |= static_cast<Key>(digit_mask) << shift;
   search.needed = s.needed;
   search.matching = s.matching;
   // The next write of digit/needed/matching or of the scan storage comes after at least one more
-  // barrier.
+  // team_sync.
 }
 
 /// Keys each lane loads at once in a counting pass: two vector loads from shared memory, or four
@@ -223,25 +251,24 @@ __device__ void pick_digit(const CountOf& count_of, int shift, std::uint32_t dig
 template <class KeyOf>
 inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
 
-/// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
-/// search's prefix into `histogram` (`Bins` bins, then `discard_bins`; digit 0 uncounted), then
-/// narrows the search to the bin holding the cut (pick_digit). Called by every thread of the block.
-template <int Bins, class KeyOf>
-__device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
-                           std::uint32_t digit_mask, cut_search<std::uint32_t>& search,
-                           std::uint32_t* histogram, block_select_storage& s) {
-  for (std::uint32_t b = threadIdx.x; b < Bins; b += block_threads) histogram[b] = 0;
-  __syncthreads();
-  // A key not counted goes to this lane's discard bin, so that the atomics take no branch.
-  const std::uint32_t discard = Bins + (threadIdx.x & 31u);
-  const auto count = [&](std::uint32_t key, bool exists) {
-    const std::uint32_t digit = (key >> shift) & digit_mask;
-    const bool counted = exists && (key & search.mask) == search.prefix && digit != 0;
-    atomicAdd(&histogram[counted ? digit : discard], 1u);
-  };
+/// Calls `count(key, exists)` for every key of `key_of(0 .. length-1)` (`exists` false for the
+/// few past the end that are read with the last batch), spread over the team's `Threads`.
+template <int Threads, class KeyOf, class Count>
+__device__ void count_keys(const KeyOf& key_of, std::uint32_t length, const Count& count) {
+  const unsigned rank = threadIdx.x % Threads;
+  if constexpr (readable_to_four<KeyOf>) {
+    // Four keys at a time, every one checked: no separate code for the last four.
+    for (std::uint32_t base = 4 * rank; base < length; base += 4 * Threads) {
+      std::uint32_t keys[4];
+      key_of.four(base, keys);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) count(keys[j], base + j < length);
+    }
+    return;
+  }
   constexpr int batch = count_batch<KeyOf>;
-  constexpr std::uint32_t stride = batch * block_threads;
-  std::uint32_t base = batch * threadIdx.x;
+  constexpr std::uint32_t stride = batch * Threads;
+  std::uint32_t base = batch * rank;
   // Whole batches, then the one the end cuts short (if any). Every key of a batch is loaded before
   // the first is counted: the loads overlap instead of each waiting behind an atomic.
   for (; base + batch <= length; base += stride) {
@@ -268,22 +295,43 @@ __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
 #pragma unroll
       for (int j = 0; j < 4; ++j) count(keys[v][j], base + 4 * v + j < length);
   }
-  __syncthreads();
-  pick_digit<Bins>([&](std::uint32_t bin) { return histogram[bin]; }, shift, digit_mask, search,
-                   s.pick);
-  // The histogram is next written after at least one more barrier.
+}
+
+/// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
+/// search's prefix into `histogram` (`Bins` bins, 16-byte aligned, then `discard_bins`; digit 0
+/// uncounted), then narrows the search to the bin holding the cut (pick_digit). Called by every
+/// thread of the team (`Threads`: the block, or warp 0 alone).
+template <int Bins, int Threads, class KeyOf>
+__device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
+                           std::uint32_t digit_mask, cut_search<std::uint32_t>& search,
+                           std::uint32_t* histogram, block_select_storage& s) {
+  static_assert(Bins % (4 * Threads) == 0, "every thread clears whole vectors of four bins");
+  for (std::uint32_t b = 4 * (threadIdx.x % Threads); b < Bins; b += 4 * Threads)
+    *reinterpret_cast<four_items<std::uint32_t>*>(histogram + b) = {};
+  team_sync<Threads>();
+  // A key not counted goes to this lane's discard bin, so that the atomics take no branch.
+  const std::uint32_t discard = Bins + (threadIdx.x & 31u);
+  count_keys<Threads>(key_of, length, [&](std::uint32_t key, bool exists) {
+    const std::uint32_t digit = (key >> shift) & digit_mask;
+    const bool counted = exists && (key & search.mask) == search.prefix && digit != 0;
+    atomicAdd(&histogram[counted ? digit : discard], 1u);
+  });
+  team_sync<Threads>();
+  pick_digit<Bins, Threads>([&](std::uint32_t bin) { return histogram[bin]; }, shift, digit_mask,
+                            search, s.pick);
+  // The histogram is next written after at least one more team_sync.
 }
 
 /// Radix passes of `DigitBits` bits over the bits of the keys below `low` (the higher ones
-/// decided), down to the lowest bit a key of `KeyBits` bits sets.
-template <int KeyBits, int DigitBits, class KeyOf>
+/// decided), down to the lowest bit a key of `KeyBits` bits sets, by the team `Threads`.
+template <int KeyBits, int DigitBits, int Threads, class KeyOf>
 __device__ void finish_search(const KeyOf& key_of, std::uint32_t length, int low,
                               cut_search<std::uint32_t>& search, std::uint32_t* histogram,
                               block_select_storage& s) {
   for (; low > 32 - KeyBits;) {
     const int shift = low > DigitBits ? low - DigitBits : 0;
-    radix_pass<1 << DigitBits>(key_of, length, shift, (1u << (low - shift)) - 1u, search, histogram,
-                               s);
+    radix_pass<1 << DigitBits, Threads>(key_of, length, shift, (1u << (low - shift)) - 1u, search,
+                                        histogram, s);
     low = shift;
   }
 }
@@ -331,6 +379,10 @@ struct candidate_keys {
   static constexpr int owner_shift = 32 - chunk_digit_bits;
   static constexpr std::uint32_t low_bits = (1u << owner_shift) - 1u;
   static_assert(block_warps <= (1 << chunk_digit_bits), "a warp index fits above the low bits");
+
+  /// The buffer holds chunk_bins candidates: a batch of four that the collected ones end inside
+  /// is read whole (the items past the end unused).
+  static constexpr bool whole_fours_readable = true;
 
   const std::uint32_t* candidates;
   std::uint32_t prefix;  // the first pass's digit, in place
@@ -526,20 +578,28 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
   cut_search<std::uint32_t> search{0, 0, length, k};
   if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
   constexpr int low = 32 - chunk_digit_bits;
-  radix_pass<chunk_bins>(key_of, length, low, chunk_bins - 1, search, s.histogram, s);
+  radix_pass<chunk_bins, block_threads>(key_of, length, low, chunk_bins - 1, search, s.histogram,
+                                        s);
   if (search.matching <= chunk_bins) {
     const std::uint32_t collected = search.matching;
     const candidate_keys candidates{s.candidates, search.prefix};
     collect_candidates(key_of, length, search, s, counts);
     __syncthreads();
-    finish_search<KeyBits, candidate_digit_bits>(candidates, collected, low, search,
-                                                 s.candidate_histogram, s);
-    const cut<std::uint32_t> c = found_cut(search);
+    // A few hundred candidates: warp 0 alone searches them, the other warps waiting at the barrier
+    // issue nothing (the block's passes would issue eight warps' bin scans and barriers each).
+    if (threadIdx.x < 32) {
+      finish_search<KeyBits, candidate_digit_bits, 32>(candidates, collected, low, search,
+                                                       s.candidate_histogram, s);
+      if (threadIdx.x == 0) s.candidates_search = search;
+    }
+    __syncthreads();
+    const cut<std::uint32_t> c = found_cut(s.candidates_search);
     count_candidates(candidates, collected, c, counts);
     __syncthreads();  // the counts are whole; the candidates are no longer read
     return c;
   }
-  finish_search<KeyBits, chunk_digit_bits>(key_of, length, low, search, s.histogram, s);
+  finish_search<KeyBits, chunk_digit_bits, block_threads>(key_of, length, low, search, s.histogram,
+                                                          s);
   const cut<std::uint32_t> c = found_cut(search);
   count_segments(key_of, c, 0, length, counts);
   return c;
