@@ -8,6 +8,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -98,21 +99,34 @@ TEST_CASE_TEMPLATE("cuda: chunk sizes from 1 to 2^16, ties everywhere", T, float
                    dropit::bfloat16) {
   const cuda_backend gpu{};
   const std::int64_t n = 3 * 65536 + 1000;
-  std::vector<std::vector<T>> inputs = {test::nasty_values<T>(n, 5),
-                                        std::vector<T>(n, test::make<T>(1.0)),  // one big tie
-                                        std::vector<T>(n, T{})};                // all +0
-  std::vector<T> nans(n, test::from_bits<T>(test::special<T>::quiet_nan));
-  for (std::int64_t i = 0; i < n; i += 3) nans[i] = test::from_bits<T>(test::special<T>::inf);
+  using S = test::special<T>;
+  // A quarter NaNs of every payload, both signs, quiet and signalling, among the nasty values:
+  // every NaN is one key, whatever its bits, where the selection compares keys unclamped.
+  std::vector<T> payload_nans = test::nasty_values<T>(n, 6);
+  std::mt19937_64 rng(7);
+  for (auto& v : payload_nans) {
+    const std::uint32_t sign = (rng() & 1) ? S::sign : 0u;
+    if (rng() % 4 == 0)
+      v = test::from_bits<T>(sign | S::inf |
+                             (1u + static_cast<std::uint32_t>(rng() % S::subnormal_mask)));
+  }
+  std::vector<std::vector<T>> inputs;
+  inputs.push_back(test::nasty_values<T>(n, 5));
+  inputs.push_back(std::vector<T>(n, test::make<T>(1.0)));  // one big tie
+  inputs.push_back(payload_nans);
+  inputs.push_back(std::vector<T>(n, T{}));  // all +0
+  std::vector<T> nans(n, test::from_bits<T>(S::quiet_nan));
+  for (std::int64_t i = 0; i < n; i += 3) nans[i] = test::from_bits<T>(S::inf);
   inputs.push_back(nans);
   std::vector<std::int64_t> sizes = {1, 2, 31, 32, 33, 1000, 16384, 65535, 65536};
   std::vector<double> gammas = {0.0, 0.5, 0.9, 0.999};
   if (emulated_device) {
     // There each size takes minutes: the longest chunks (float32's 2^16 is too long to stage, so
     // only this case runs the kernel that reads a chunk from global memory in every pass) and a
-    // short one, two inputs, two drop rates; the whole-tensor selections below are left out.
+    // short one, three inputs, two drop rates; the whole-tensor selections below are left out.
     sizes = {1000, 65536};
     gammas = {0.5, 0.999};
-    inputs.resize(2);
+    inputs.resize(3);
   }
   for (const auto& x : inputs)
     for (std::int64_t d : sizes)

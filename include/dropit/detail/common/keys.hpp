@@ -10,6 +10,26 @@
 
 namespace dropit::detail {
 
+/// The largest magnitude key (magnitude_key below), every NaN's: the smallest NaN of the format,
+/// infinity's bits plus one (in the high half for 16-bit types).
+template <storage_type T>
+inline constexpr std::uint32_t magnitude_key_max = std::is_same_v<T, float>  ? 0x7f800001u
+                                                   : std::is_same_v<T, half> ? 0x7c01u << 16
+                                                                             : 0x7f81u << 16;
+
+/// A magnitude key's bits are those of |x|, shifted into the high half for 16-bit types.
+template <storage_type T>
+inline constexpr int magnitude_key_shift = sizeof(T) == 4 ? 0 : 16;
+
+/// magnitude_key before the clamp of NaN payloads: `magnitude_order(x) >= t` exactly where
+/// `magnitude_key(x) >= t`, for every t up to magnitude_key_max — so a comparison against a cut,
+/// which is a key, needs no clamp.
+template <storage_type T>
+DROPIT_HOST_DEVICE inline std::uint32_t magnitude_order(T value) {
+  const std::uint32_t magnitude = bits_of(value) & (sizeof(T) == 4 ? 0x7fffffffu : 0x7fffu);
+  return magnitude << magnitude_key_shift<T>;
+}
+
 /// Key ordering elements by magnitude. Clearing the sign bit of an IEEE value leaves an unsigned
 /// integer that grows with |x|, puts every NaN above infinity and maps +0 and -0 together; NaN
 /// payloads are clamped to one key so that all NaNs tie (and ties go to the lower index). 16-bit
@@ -17,13 +37,11 @@ namespace dropit::detail {
 /// exponent, just as it does for float.
 template <storage_type T>
 DROPIT_HOST_DEVICE inline std::uint32_t magnitude_key(T value) {
-  // The smallest NaN of each format: infinity's bits plus one.
-  constexpr std::uint32_t nan_key = std::is_same_v<T, float>  ? 0x7f800001u
-                                    : std::is_same_v<T, half> ? 0x7c01u
-                                                              : 0x7f81u;
-  const std::uint32_t magnitude = bits_of(value) & (sizeof(T) == 4 ? 0x7fffffffu : 0x7fffu);
-  const std::uint32_t key = magnitude < nan_key ? magnitude : nan_key;
-  return sizeof(T) == 4 ? key : key << 16;
+  // Clamped before the shift, which the compiler then folds into a radix pass's own.
+  constexpr int shift = magnitude_key_shift<T>;
+  constexpr std::uint32_t nan_magnitude = magnitude_key_max<T> >> shift;
+  const std::uint32_t magnitude = magnitude_order(value) >> shift;
+  return (magnitude < nan_magnitude ? magnitude : nan_magnitude) << shift;
 }
 
 /// The top bits of a magnitude key that can be set: all 32 for float, the high 16 for 16-bit types

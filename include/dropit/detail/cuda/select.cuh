@@ -56,18 +56,45 @@ using four_items = consecutive_items<Item, 4>;
 template <class Item>
 using sixteen_bytes_of = consecutive_items<Item, 16 / sizeof(Item)>;
 
+/// Selections that rank values rank them by magnitude (their traits' key is magnitude_key, as the
+/// CUDA backend assumes throughout); `Clamped` false gives those keys before the clamp of NaN
+/// payloads (magnitude_order), which compare with a cut as the keys do (unclamped_keys).
+template <class Selection, class T, bool Clamped>
+__device__ inline std::uint32_t value_key(T value) {
+  if constexpr (Clamped)
+    return selection_traits<Selection>::key(value, 0, 0, 0);
+  else
+    return magnitude_order(value);
+}
+
+/// The largest key of a selection that ranks values of type T (a NaN's), or of generator draws.
+template <class Selection, class T>
+inline constexpr std::uint32_t largest_key_of = [] {
+  if constexpr (selection_traits<Selection>::ranks_values)
+    return magnitude_key_max<T>;
+  else
+    return ~std::uint32_t{0};
+}();
+
 /// The keys of a selection's candidates (selection_traits::key): ranked values of `data`, or
 /// generator draws of `stream` (`data` unused, may be null).
-template <class Selection, class T>
+template <class Selection, class T, bool Clamped = true>
 struct selection_keys {
   const T* data;
   std::uint64_t seed, stream;
   __device__ std::uint32_t operator()(std::uint64_t i) const {
     using traits = selection_traits<Selection>;
     if constexpr (traits::ranks_values)
-      return traits::key(data[i], seed, stream, i);
+      return value_key<Selection, T, Clamped>(data[i]);
     else
       return traits::key(T{}, seed, stream, i);
+  }
+  /// The same keys unclamped (magnitudes; see unclamped_keys).
+  static constexpr std::uint32_t largest_key = largest_key_of<Selection, T>;
+  __device__ selection_keys<Selection, T, false> unclamped() const
+    requires(selection_traits<Selection>::ranks_values)
+  {
+    return {data, seed, stream};
   }
 };
 
@@ -80,13 +107,12 @@ struct stored_keys {
 
 /// The keys of a chunk staged in shared memory (see select_chunks_kernel): computed from its
 /// values for selections that rank values, else the generator draws themselves.
-template <class Selection, class Staged>
+template <class Selection, class Staged, bool Clamped = true>
 struct staged_keys {
   const Staged* items;
   __device__ static std::uint32_t key_of_item(Staged item) {
-    using traits = selection_traits<Selection>;
-    if constexpr (traits::ranks_values)
-      return traits::key(item, 0, 0, 0);
+    if constexpr (selection_traits<Selection>::ranks_values)
+      return value_key<Selection, Staged, Clamped>(item);
     else
       return item;
   }
@@ -97,7 +123,33 @@ struct staged_keys {
 #pragma unroll
     for (int j = 0; j < 4; ++j) keys[j] = key_of_item(loaded.item[j]);
   }
+  /// The same keys unclamped (magnitudes; see unclamped_keys).
+  static constexpr std::uint32_t largest_key = largest_key_of<Selection, Staged>;
+  __device__ staged_keys<Selection, Staged, false> unclamped() const
+    requires(selection_traits<Selection>::ranks_values)
+  {
+    return {items};
+  }
 };
+
+/// Key sources that also give their keys before a clamp: `key_of.unclamped()(i) >= t` exactly
+/// where `key_of(i) >= t`, for every t up to KeyOf::largest_key.
+template <class KeyOf>
+concept has_unclamped_keys = requires(const KeyOf& key_of) {
+  key_of.unclamped();
+  KeyOf::largest_key;
+};
+
+/// Keys that compare with a cut at or above it as `key_of`'s do, one instruction cheaper for
+/// magnitudes (no clamp of NaN payloads; a cut is at most the largest key): `key_of.unclamped()`,
+/// or the keys themselves.
+template <class KeyOf>
+__device__ auto unclamped_keys(const KeyOf& key_of) {
+  if constexpr (has_unclamped_keys<KeyOf>)
+    return key_of.unclamped();
+  else
+    return key_of;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Selection inside one block (32-bit keys, under 2^32 - 2048 candidates: the passes step 32-bit
@@ -439,37 +491,48 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
   };
   const auto matches = [&](std::uint32_t key) { return (key & search.mask) == search.prefix; };
   const std::uint32_t bin_top = search.prefix | ~search.mask;  // the bin's largest key
+  // This lane's keys in higher bins, collecting the bin's on the way.
+  const auto walk = [&](const auto& keys_of) {
+    std::uint32_t above = 0;
+    // Whole groups, then the one the segment's end cuts short (if any).
+    std::uint32_t group = 0, keys[4], votes[4];
+    for (; group + emit_group <= seg.count; group += emit_group) {
+      if constexpr (vector)
+        keys_of.four(first + index(group, 0), keys);
+      else
+#pragma unroll
+        for (int j = 0; j < 4; ++j) keys[j] = keys_of(first + index(group, j));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
+        above += keys[j] > bin_top;
+      }
+      append(keys, votes);
+    }
+    if (group < seg.count) {
+      if constexpr (vector)
+        load_four_keys(keys_of, first + index(group, 0), first + seg.count, keys);
+      else
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          keys[j] = index(group, j) < seg.count ? keys_of(first + index(group, j)) : 0;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool exists = index(group, j) < seg.count;
+        votes[j] = __ballot_sync(0xffffffffu, exists && matches(keys[j]));
+        above += exists && keys[j] > bin_top;
+      }
+      append(keys, votes);
+    }
+    return above;
+  };
+  // A bin below the largest key (the usual case) holds the same keys clamped or not, and a key
+  // compares with its top as its unclamped form does: one instruction fewer per key.
   std::uint32_t above = 0;
-  // Whole groups, then the one the segment's end cuts short (if any).
-  std::uint32_t group = 0, keys[4], votes[4];
-  for (; group + emit_group <= seg.count; group += emit_group) {
-    if constexpr (vector)
-      key_of.four(first + index(group, 0), keys);
-    else
-#pragma unroll
-      for (int j = 0; j < 4; ++j) keys[j] = key_of(first + index(group, j));
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
-      above += keys[j] > bin_top;
-    }
-    append(keys, votes);
-  }
-  if (group < seg.count) {
-    if constexpr (vector)
-      load_four_keys(key_of, first + index(group, 0), first + seg.count, keys);
-    else
-#pragma unroll
-      for (int j = 0; j < 4; ++j)
-        keys[j] = index(group, j) < seg.count ? key_of(first + index(group, j)) : 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool exists = index(group, j) < seg.count;
-      votes[j] = __ballot_sync(0xffffffffu, exists && matches(keys[j]));
-      above += exists && keys[j] > bin_top;
-    }
-    append(keys, votes);
-  }
+  if constexpr (has_unclamped_keys<KeyOf>)
+    above = bin_top < KeyOf::largest_key ? walk(key_of.unclamped()) : walk(key_of);
+  else
+    above = walk(key_of);
   above = warp_sum(above);
   if (lane == 0) {
     counts.above[warp] = above;
@@ -649,6 +712,7 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
   const auto first = static_cast<Index>(seg.first);
   const std::uint32_t count = seg.count;
   const auto ties = static_cast<Index>(c.ties);  // at most the range's length
+  const auto compared_at_or_above = unclamped_keys(key_of);  // where every tie is kept
   const std::uint32_t lanes_below = lanes_below_mask();
   for (unsigned w = 0; w < warp; ++w) {
     above_before += s.above[w];
@@ -667,7 +731,12 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
     for (int j = 0; j < emit_rounds; ++j) {
       const std::uint32_t offset = 32 * j + lane;
       const bool exists = whole || offset < g.count;
-      const Key key = key_of(g.first + (exists ? offset : 0u));  // no branch: the loads overlap
+      const Index i = g.first + (exists ? offset : 0u);  // no branch: the loads overlap
+      Key key;
+      if constexpr (all_ties)
+        key = compared_at_or_above(i);
+      else
+        key = key_of(i);
       // With every tie kept, "above" counts the ties too: the slots are the same.
       g.kept[j] = __ballot_sync(0xffffffffu, exists && (all_ties ? key >= c.key : key > c.key));
       above_total += __popc(g.kept[j]);
