@@ -92,8 +92,7 @@ struct selection_keys {
   /// The same keys unclamped (magnitudes; see unclamped_keys).
   static constexpr std::uint32_t largest_key = largest_key_of<Selection, T>;
   __device__ selection_keys<Selection, T, false> unclamped() const
-    requires(selection_traits<Selection>::ranks_values)
-  {
+      requires(selection_traits<Selection>::ranks_values) {
     return {data, seed, stream};
   }
 };
@@ -126,8 +125,7 @@ struct staged_keys {
   /// The same keys unclamped (magnitudes; see unclamped_keys).
   static constexpr std::uint32_t largest_key = largest_key_of<Selection, Staged>;
   __device__ staged_keys<Selection, Staged, false> unclamped() const
-    requires(selection_traits<Selection>::ranks_values)
-  {
+      requires(selection_traits<Selection>::ranks_values) {
     return {items};
   }
 };
@@ -711,7 +709,7 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
   const warp_segment seg(begin, end);
   const auto first = static_cast<Index>(seg.first);
   const std::uint32_t count = seg.count;
-  const auto ties = static_cast<Index>(c.ties);  // at most the range's length
+  const auto ties = static_cast<Index>(c.ties);              // at most the range's length
   const auto compared_at_or_above = unclamped_keys(key_of);  // where every tie is kept
   const std::uint32_t lanes_below = lanes_below_mask();
   for (unsigned w = 0; w < warp; ++w) {
@@ -810,7 +808,8 @@ struct value_writer {
   const T* data;
   T* values;
   __device__ value_writer at(const cache_layout& layout, std::int64_t chunk) const {
-    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk)};
+    return {data + layout.chunk_begin(chunk),
+            global_address_once(values + layout.values_begin(chunk))};
   }
   template <class Group>
   __device__ void operator()(const Group& g) const {
@@ -829,8 +828,9 @@ struct bitmask_writer {
   T* values;
   std::uint32_t* words;
   __device__ bitmask_writer at(const cache_layout& layout, std::int64_t chunk) const {
-    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
-            words + layout.mask_word_begin(chunk)};
+    return {data + layout.chunk_begin(chunk),
+            global_address_once(values + layout.values_begin(chunk)),
+            global_address_once(words + layout.mask_word_begin(chunk))};
   }
   template <class Group>
   __device__ void operator()(const Group& g) const {
@@ -849,8 +849,9 @@ struct offset_writer {
   T* values;
   Offset* offsets;
   __device__ offset_writer at(const cache_layout& layout, std::int64_t chunk) const {
-    return {data + layout.chunk_begin(chunk), values + layout.values_begin(chunk),
-            offsets + layout.values_begin(chunk)};
+    return {data + layout.chunk_begin(chunk),
+            global_address_once(values + layout.values_begin(chunk)),
+            global_address_once(offsets + layout.values_begin(chunk))};
   }
   template <class Group>
   __device__ void operator()(const Group& g) const {
@@ -875,7 +876,8 @@ struct dense_writer {
   bool rescale;
   float scale;
   __device__ dense_writer at(const cache_layout& layout, std::int64_t chunk) const {
-    return {values + layout.values_begin(chunk), out + layout.chunk_begin(chunk), layout.rescale,
+    return {values + layout.values_begin(chunk),
+            global_address_once(out + layout.chunk_begin(chunk)), layout.rescale,
             layout.value_scale(chunk)};
   }
   template <class Group>
