@@ -296,8 +296,9 @@ __device__ void pick_digit(const CountOf& count_of, int shift, std::uint32_t dig
   // team_sync.
 }
 
-/// Keys each lane loads at once in a counting pass: two vector loads from shared memory, or four
-/// keys from global memory (each holding a 64-bit address: eight would spill on sm_80).
+/// Keys each lane loads at once in a counting pass over key sources that may not be read past
+/// their end: two vector loads from shared memory, or four keys from global memory (each holding
+/// a 64-bit address: eight would spill on sm_80).
 template <class KeyOf>
 inline constexpr int count_batch = loads_four_keys<KeyOf> ? 8 : 4;
 
