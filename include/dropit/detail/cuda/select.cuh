@@ -731,11 +731,7 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
       const std::uint32_t offset = 32 * j + lane;
       const bool exists = whole || offset < g.count;
       const Index i = g.first + (exists ? offset : 0u);  // no branch: the loads overlap
-      Key key;
-      if constexpr (all_ties)
-        key = compared_at_or_above(i);
-      else
-        key = key_of(i);
+      const Key key = all_ties ? compared_at_or_above(i) : key_of(i);
       // With every tie kept, "above" counts the ties too: the slots are the same.
       g.kept[j] = __ballot_sync(0xffffffffu, exists && (all_ties ? key >= c.key : key > c.key));
       above_total += __popc(g.kept[j]);
