@@ -17,6 +17,10 @@ inline constexpr std::uint32_t magnitude_key_max = std::is_same_v<T, float>  ? 0
                                                    : std::is_same_v<T, half> ? 0x7c01u << 16
                                                                              : 0x7f81u << 16;
 
+/// No magnitude, clamped or not (magnitude_order below), exceeds this: |x|'s bits have their sign
+/// cleared.
+inline constexpr std::uint32_t magnitude_order_max = 0x7fffffffu;
+
 /// A magnitude key's bits are those of |x|, shifted into the high half for 16-bit types.
 template <storage_type T>
 inline constexpr int magnitude_key_shift = sizeof(T) == 4 ? 0 : 16;

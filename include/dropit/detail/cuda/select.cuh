@@ -348,11 +348,17 @@ __device__ void count_keys(const KeyOf& key_of, std::uint32_t length, const Coun
   }
 }
 
+/// Bins `into + 1 .. last` of a radix pass's histogram, added into bin `into` once every key is
+/// counted (at most 32 bins; none by default): see block_select.
+struct bin_fold {
+  std::uint32_t into = 0, last = 0;
+};
+
 /// One radix pass: counts the digit `(key >> shift) & digit_mask` of every key matching the
 /// search's prefix into `histogram` (`Bins` bins, 16-byte aligned, then `discard_bins`; digit 0
-/// uncounted), then narrows the search to the bin holding the cut (pick_digit). Called by every
-/// thread of the team (`Threads`: the block, or warp 0 alone).
-template <int Bins, int Threads, class KeyOf>
+/// uncounted), folds the bins `Fold` names, then narrows the search to the bin holding the cut
+/// (pick_digit). Called by every thread of the team (`Threads`: the block, or warp 0 alone).
+template <int Bins, int Threads, bin_fold Fold = bin_fold{}, class KeyOf>
 __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
                            std::uint32_t digit_mask, cut_search<std::uint32_t>& search,
                            std::uint32_t* histogram, block_select_storage& s) {
@@ -368,6 +374,20 @@ __device__ void radix_pass(const KeyOf& key_of, std::uint32_t length, int shift,
     atomicAdd(&histogram[counted ? digit : discard], 1u);
   });
   team_sync<Threads>();
+  if constexpr (Fold.last > Fold.into) {  // by the team's first warp, a bin per lane
+    static_assert(Fold.into != 0 && Fold.last < Bins && Fold.last - Fold.into <= 32);
+    if (threadIdx.x % Threads < 32) {
+      const std::uint32_t b = Fold.into + 1 + (threadIdx.x & 31u);
+      std::uint32_t folded = 0;
+      if (b <= Fold.last) {
+        folded = histogram[b];
+        histogram[b] = 0;
+      }
+      folded = warp_sum(folded);
+      if ((threadIdx.x & 31u) == 0) histogram[Fold.into] += folded;
+    }
+    team_sync<Threads>();
+  }
   pick_digit<Bins, Threads>([&](std::uint32_t bin) { return histogram[bin]; }, shift, digit_mask,
                             search, s.pick);
   // The histogram is next written after at least one more team_sync.
@@ -490,6 +510,15 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
   };
   const auto matches = [&](std::uint32_t key) { return (key & search.mask) == search.prefix; };
   const std::uint32_t bin_top = search.prefix | ~search.mask;  // the bin's largest key
+  // 1 for a key above the bin. Magnitudes (clamped or not) and so their bin tops lie below 2^31:
+  // then it is the sign of bin_top - key, which the compiler adds to a count in one instruction
+  // (a comparison takes a select besides the add).
+  const auto is_above = [&](std::uint32_t key) -> std::uint32_t {
+    if constexpr (has_unclamped_keys<KeyOf> && KeyOf::largest_key <= magnitude_order_max)
+      return (bin_top - key) >> 31;
+    else
+      return key > bin_top;
+  };
   // This lane's keys in higher bins, collecting the bin's on the way.
   const auto walk = [&](const auto& keys_of) {
     std::uint32_t above = 0;
@@ -504,7 +533,7 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         votes[j] = __ballot_sync(0xffffffffu, matches(keys[j]));
-        above += keys[j] > bin_top;
+        above += is_above(keys[j]);
       }
       append(keys, votes);
     }
@@ -519,7 +548,7 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
       for (int j = 0; j < 4; ++j) {
         const bool exists = index(group, j) < seg.count;
         votes[j] = __ballot_sync(0xffffffffu, exists && matches(keys[j]));
-        above += exists && keys[j] > bin_top;
+        above += exists ? is_above(keys[j]) : 0u;
       }
       append(keys, votes);
     }
@@ -640,8 +669,18 @@ __device__ cut<std::uint32_t> block_select(const KeyOf& key_of, std::uint32_t le
   cut_search<std::uint32_t> search{0, 0, length, k};
   if (threadIdx.x == 0) s.candidate_count = 0;  // read after radix_pass's barriers
   constexpr int low = 32 - chunk_digit_bits;
-  radix_pass<chunk_bins, block_threads>(key_of, length, low, chunk_bins - 1, search, s.histogram,
-                                        s);
+  if constexpr (has_unclamped_keys<KeyOf>) {
+    // Magnitudes are counted unclamped, one instruction fewer per key: a NaN then falls in the bin
+    // of its payload's top bits, from the bin of the NaNs' one key to that of |x|'s largest bits
+    // (every other key lies below the NaNs'), and folding those bins into the first gives the
+    // clamped keys' histogram.
+    constexpr bin_fold nans{KeyOf::largest_key >> low, magnitude_order_max >> low};
+    radix_pass<chunk_bins, block_threads, nans>(key_of.unclamped(), length, low, chunk_bins - 1,
+                                                search, s.histogram, s);
+  } else {
+    radix_pass<chunk_bins, block_threads>(key_of, length, low, chunk_bins - 1, search, s.histogram,
+                                          s);
+  }
   if (search.matching <= chunk_bins) {
     const std::uint32_t collected = search.matching;
     const candidate_keys candidates{s.candidates, search.prefix};
