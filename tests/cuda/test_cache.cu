@@ -175,6 +175,47 @@ TEST_CASE_TEMPLATE("cuda: kept ties ending at an emit group or warp segment boun
   }
 }
 
+// A bitmask cache's mask words may lie on any 4-byte boundary (the caller's positions pointer):
+// the chunk writer stores a group's four words at once only where they lie on 16 bytes. Chunks of
+// 200 (7 words each) start at every offset modulo 16 bytes within one buffer; the buffer itself is
+// shifted by 0 to 3 words. Min-k over a whole tensor writes its words through the same writer.
+TEST_CASE_TEMPLATE("cuda: bitmask mask words at any 4-byte offset", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t n = 5 * 1000 + 77;
+  const auto x = test::nasty_values<T>(n, 23);
+  const auto check = [&](const auto& p) {
+    const auto want = compress(serial, p, test::view_of(x, {n}));
+    REQUIRE(want.layout().encoding == position_encoding::bitmask);
+    const device_buffer<T> input(x);
+    for (std::size_t shift = 0; shift < 4; ++shift) {
+      CAPTURE(shift);
+      cuda_test::device_cache<T> got(want.layout());
+      device_buffer<std::uint32_t> words(got.positions.size() + shift);
+      words.poison();
+      const cache_view<T> shifted{want.layout(), got.values.data(), words.data() + shift};
+      const auto scratch =
+          cuda_test::device_workspace(compress_workspace_bytes<T>(gpu, want.layout()));
+      compress<T>(gpu, tensor_view<const T>{input.data(), want.layout().shape}, shifted,
+                  cuda_test::as_workspace(scratch));
+      cuda_test::finish(gpu);
+      const auto all = words.download();
+      std::vector<unsigned char> bytes(want.layout().position_bytes());
+      std::memcpy(bytes.data(), all.data() + shift, bytes.size());
+      CHECK_BITS_EQUAL(got.values.download(), test::values_of(want));
+      CHECK(bytes == test::position_bytes(want));
+    }
+  };
+  for (const double gamma : {0.5, 0.9}) {
+    CAPTURE(gamma);
+    for (const std::int64_t d : {200, 1000}) {
+      CAPTURE(d);
+      check(policy<chunked_min_k_selection>{{gamma, d}});
+    }
+    check(policy<min_k_selection>{{gamma}});
+  }
+}
+
 // ReLU outputs: half the elements +0, the rest positive over a few octaves. Below γ = 0.5 the cut
 // falls among the zeros, whose radix bin (digit 0, which the passes leave uncounted) holds more
 // keys than the candidate buffer: the passes then run over every key, most of them outside the

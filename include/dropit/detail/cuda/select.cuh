@@ -738,7 +738,9 @@ struct emitted_group {
 /// The second half of emit_selected, after count_segments (or block_select) over the same range:
 /// calls `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys
 /// above / equal to the cut before `begin`. `Index` holds candidate indices and slots: 32 bits
-/// where the range is a chunk. Called by every thread of the block; ends with a barrier.
+/// where the range is a chunk. A visitor that offers `specialised(emit)` (bitmask_writer) picks
+/// its form for the range once, so that no group tests it. Called by every thread of the block;
+/// ends with a barrier.
 template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
 __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
                              std::type_identity_t<Index> end,
@@ -758,7 +760,8 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
   }
   // One group: whole (128 candidates, no index tested) or the segment's last, cut short. Where the
   // cut keeps all its ties, a candidate is kept at or above its key: one ballot a round, no rank.
-  const auto emit_one = [&](std::uint32_t group, auto whole_group, auto keeps_all_ties) {
+  const auto emit_one = [&](std::uint32_t group, auto whole_group, auto keeps_all_ties,
+                            const auto& visitor) {
     constexpr bool whole = decltype(whole_group)::value;  // uniform in the warp
     constexpr bool all_ties = decltype(keeps_all_ties)::value;
     emitted_group<Index> g;
@@ -800,20 +803,26 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
       kept_before += __popc(g.kept[j]);
     }
     g.slot = above_before + (equal_before < ties ? equal_before : ties);
-    visit(g);
+    visitor(g);
     above_before += above_total;
     equal_before += equal_total;
   };
-  const auto emit_all = [&](auto keeps_all_ties) {
+  const auto emit_all = [&](auto keeps_all_ties, const auto& visitor) {
     std::uint32_t group = 0;
     for (; group + emit_group <= count; group += emit_group)
-      emit_one(group, std::true_type{}, keeps_all_ties);
-    if (group < count) emit_one(group, std::false_type{}, keeps_all_ties);
+      emit_one(group, std::true_type{}, keeps_all_ties, visitor);
+    if (group < count) emit_one(group, std::false_type{}, keeps_all_ties, visitor);
   };
-  if (c.all_ties)  // uniform in the block
-    emit_all(std::true_type{});
+  const auto emit_with = [&](const auto& visitor) {
+    if (c.all_ties)  // uniform in the block
+      emit_all(std::true_type{}, visitor);
+    else
+      emit_all(std::false_type{}, visitor);
+  };
+  if constexpr (requires { visit.specialised(emit_with); })
+    visit.specialised(emit_with);
   else
-    emit_all(std::false_type{});
+    emit_with(visit);
   __syncthreads();  // before the counts are written again
 }
 
@@ -857,8 +866,9 @@ struct value_writer {
   }
 };
 
-/// Values and one LSB-first mask word per 32 candidates.
-template <class T>
+/// Values and one LSB-first mask word per 32 candidates. `AlignedWords`: `words` lies on 16 bytes,
+/// so a whole group's four words are one store (the form `specialised` picks where it can).
+template <class T, bool AlignedWords = false>
 struct bitmask_writer {
   const T* data;
   T* values;
@@ -868,11 +878,26 @@ struct bitmask_writer {
             global_address_once(values + layout.values_begin(chunk)),
             global_address_once(words + layout.mask_word_begin(chunk))};
   }
+  /// `emit(writer)` with this writer, or its aligned form where the words allow.
+  template <class Emit>
+  __device__ void specialised(const Emit& emit) const {
+    if (reinterpret_cast<std::uintptr_t>(words) % sizeof(four_items<std::uint32_t>) == 0)
+      emit(bitmask_writer<T, true>{data, values, words});
+    else
+      emit(*this);
+  }
   template <class Group>
   __device__ void operator()(const Group& g) const {
+    static_assert(emit_rounds == 4, "a whole group's words are one four_items store");
     value_writer<T>{data, values}(g);
-    // Lane j < 4 stores round j's ballot, word j of the group, if its first candidate exists.
     const unsigned lane = threadIdx.x & 31u;
+    if (AlignedWords && g.count == emit_group) {  // uniform: groups start at multiples of 128
+      if (lane == 0)
+        *reinterpret_cast<four_items<std::uint32_t>*>(words + g.first / 32) = {
+            {g.kept[0], g.kept[1], g.kept[2], g.kept[3]}};
+      return;
+    }
+    // Lane j < 4 stores round j's ballot, word j of the group, if its first candidate exists.
     const std::uint32_t word = g.word_of_lane();
     if (lane < emit_rounds && 32 * lane < g.count) words[g.first / 32 + lane] = word;
   }
