@@ -216,6 +216,39 @@ TEST_CASE_TEMPLATE("cuda: bitmask mask words at any 4-byte offset", T, float, dr
   }
 }
 
+// Min-k over a whole tensor of more than 2^16 elements keeps few enough values for 32-bit
+// offsets; densify gives each tile of 2^14 output elements to a block, which finds its values by
+// a search over the ascending offsets. Kept values on both sides of every tile boundary, at the
+// tensor's ends, and tiles with none; the output also starts off a 16-byte boundary.
+TEST_CASE_TEMPLATE("cuda: 32-bit offsets densified tile by tile", T, float, dropit::half,
+                   dropit::bfloat16) {
+  const cuda_backend gpu{};
+  const std::int64_t tile = 16384, n = 5 * tile + 3;
+  auto x = test::smooth_values<T>(n, 29);  // below 1 in magnitude
+  std::vector<std::int64_t> large = {0, 1, n - 2, n - 1};
+  for (std::int64_t b = tile; b < n; b += tile) large.insert(large.end(), {b - 1, b});
+  for (std::size_t i = 0; i < large.size(); ++i)
+    x[large[i]] = test::make<T>(i % 2 ? 16.0 + static_cast<double>(i) : -16.0);
+  for (const double gamma : {0.9995, 0.99995}) {  // 41 and 5 kept
+    CAPTURE(gamma);
+    const policy<min_k_selection> p{{gamma}};
+    const auto want = compress(serial, p, test::view_of(x, {n}));
+    REQUIRE(want.layout().encoding == position_encoding::offsets);
+    REQUIRE(want.layout().offset_bytes == 4);
+    check_parity(x, {n}, p, gpu);
+    // Into an output one element past an allocation's start.
+    const auto cache = cuda_test::upload(want);
+    device_buffer<T> out(static_cast<std::size_t>(n) + 1);
+    out.poison();
+    const auto scratch = cuda_test::device_workspace(densify_workspace_bytes<T>(gpu, cache.layout));
+    densify<T>(gpu, cache.const_view(), tensor_view<T>{out.data() + 1, cache.layout.shape},
+               cuda_test::as_workspace(scratch));
+    cuda_test::finish(gpu);
+    const auto all = out.download();
+    CHECK_BITS_EQUAL(std::vector<T>(all.begin() + 1, all.end()), densify(serial, want));
+  }
+}
+
 // ReLU outputs: half the elements +0, the rest positive over a few octaves. Below γ = 0.5 the cut
 // falls among the zeros, whose radix bin (digit 0, which the passes leave uncounted) holds more
 // keys than the candidate buffer: the passes then run over every key, most of them outside the

@@ -433,13 +433,10 @@ void densify_elements(cudaStream_t stream, const cache_view<const T>& cache, Out
         check_launch("dropit chunk_scatter_offsets_kernel");
         return;
       }
-      check(cudaMemsetAsync(out, 0, static_cast<std::size_t>(layout.numel()) * sizeof(Out), stream),
-            "densify: zeroing the output");
-      const std::int64_t kept = layout.kept();
-      if (kept == 0) return;
-      launch(scatter_offsets_kernel<T, Out>, {grid_for_walk(kept)}, stream, layout, kept,
-             cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
-      check_launch("dropit scatter_offsets_kernel");
+      // 32-bit offsets: min-k over a whole tensor, one chunk.
+      launch(tile_scatter_offsets_kernel<T, Out>, {grid_for(layout.numel(), offsets_tile)}, stream,
+             layout, cache.values, static_cast<const std::uint32_t*>(cache.positions), out);
+      check_launch("dropit tile_scatter_offsets_kernel");
       return;
     }
     default:  // seeded: regenerate each chunk's draw and write the whole chunk

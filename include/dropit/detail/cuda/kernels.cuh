@@ -25,7 +25,8 @@
 // - mask_densify: a tile of 256 mask words per block, its popcounts scanned in the block and the
 //   set bits before it learnt by look-back, then one warp per word writes its 32 dense elements
 //   (kept value or zero): chunks longer than chunk_densify takes (min-k over the whole tensor).
-// - scatter_offsets: one thread per kept value of an offsets cache (after a memset to zero).
+// - chunk_scatter_offsets / tile_scatter_offsets: a block per chunk (16-bit offsets) or per tile
+//   of 2^14 elements (32-bit offsets, one chunk) zeroes it, then writes its kept values.
 // - channel_run_sums / channel_keys: channel scores in the canonical order of
 //   `channel_score_block` (one thread per run of 1024 elements, then one per channel), as 64-bit
 //   keys ordered like the CPU backend's ranking (NaN highest); up to 2^13 channels
@@ -591,6 +592,24 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
   }
 }
 
+/// Zeroes `length` elements at `out` with 16-byte stores (scalar ones before the first 16-byte
+/// boundary and after the last). Called by every thread of the block.
+template <class Out>
+__device__ void zero_span(Out* out, std::uint32_t length) {
+  using store_t = sixteen_bytes_of<Out>;
+  constexpr int per_store = 16 / sizeof(Out);
+  const auto misaligned = static_cast<std::uint32_t>(
+      (sizeof(store_t) - reinterpret_cast<std::uintptr_t>(out) % sizeof(store_t)) %
+      sizeof(store_t) / sizeof(Out));
+  const std::uint32_t head = misaligned < length ? misaligned : length;
+  const std::uint32_t vectors = (length - head) / per_store;
+  for (std::uint32_t i = threadIdx.x; i < head; i += block_threads) out[i] = Out{};
+  for (std::uint32_t v = threadIdx.x; v < vectors; v += block_threads)
+    reinterpret_cast<store_t*>(out + head)[v] = store_t{};
+  for (std::uint32_t i = head + vectors * per_store + threadIdx.x; i < length; i += block_threads)
+    out[i] = Out{};
+}
+
 /// Writes every element of a cache with 16-bit offsets (chunks of at most 2^16) in one launch:
 /// one block per chunk zeroes the chunk's span with 16-byte stores, then writes the chunk's kept
 /// values at their offsets. Zeros and values meet in L2, so DRAM takes about one write of each
@@ -600,23 +619,10 @@ DROPIT_KERNEL void chunk_densify_kernel(cache_layout layout, const std::uint32_t
 template <class T, class Out>
 DROPIT_KERNEL void chunk_scatter_offsets_kernel(cache_layout layout, const T* values,
                                                 const std::uint16_t* offsets, Out* out) {
-  using store_t = sixteen_bytes_of<Out>;
-  constexpr int per_store = 16 / sizeof(Out);
   const std::int64_t chunks = layout.chunk_count();
   for (std::int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
-    const auto length = static_cast<std::uint32_t>(layout.chunk_length(chunk));
     Out* chunk_out = out + layout.chunk_begin(chunk);
-    // Elements before the first 16-byte boundary, whole vectors, then the elements after them.
-    const auto misaligned = static_cast<std::uint32_t>(
-        (sizeof(store_t) - reinterpret_cast<std::uintptr_t>(chunk_out) % sizeof(store_t)) %
-        sizeof(store_t) / sizeof(Out));
-    const std::uint32_t head = misaligned < length ? misaligned : length;
-    const std::uint32_t vectors = (length - head) / per_store;
-    for (std::uint32_t i = threadIdx.x; i < head; i += block_threads) chunk_out[i] = Out{};
-    for (std::uint32_t v = threadIdx.x; v < vectors; v += block_threads)
-      reinterpret_cast<store_t*>(chunk_out + head)[v] = store_t{};
-    for (std::uint32_t i = head + vectors * per_store + threadIdx.x; i < length; i += block_threads)
-      chunk_out[i] = Out{};
+    zero_span(chunk_out, static_cast<std::uint32_t>(layout.chunk_length(chunk)));
     __syncthreads();  // the zeros before the values written over them
     const std::int64_t first = layout.values_begin(chunk);
     const auto kept = static_cast<std::uint32_t>(layout.kept_in_chunk(chunk));
@@ -626,23 +632,61 @@ DROPIT_KERNEL void chunk_scatter_offsets_kernel(cache_layout layout, const T* va
   }
 }
 
-/// out[chunk start + offset] = value, for every kept value (out zeroed beforehand): caches whose
-/// offsets are 32-bit (whole-tensor selections, and chunks longer than 2^16).
+/// Elements of the output a block of tile_scatter_offsets_kernel writes.
+inline constexpr std::int64_t offsets_tile = std::int64_t{1} << 14;
+
+/// How many of the ascending `offsets[0 .. count)` lie below `target`, searched by the block: each
+/// round every thread probes the first offset of its share of the range left (a 256th), and the
+/// probes below the target, a prefix of them, narrow it to one share. At most 4 rounds for 2^32
+/// offsets. Called by every thread of the block; `probes_below`: one word per warp of shared
+/// memory.
+__device__ inline std::uint32_t offsets_below(const std::uint32_t* offsets, std::uint32_t count,
+                                              std::uint32_t target, std::uint32_t* probes_below) {
+  std::uint32_t first = 0, left = count;  // the answer lies in [first, first + left]
+  while (left > 0) {                      // uniform in the block
+    const std::uint32_t share = (left + block_threads - 1) / block_threads;
+    const std::uint32_t probe = threadIdx.x * share;
+    const bool below = probe < left && offsets[first + probe] < target;
+    const unsigned ballot = __ballot_sync(0xffffffffu, below);
+    if ((threadIdx.x & 31u) == 0) probes_below[threadIdx.x / 32] = __popc(ballot);
+    __syncthreads();
+    std::uint32_t below_count = 0;
+    for (int w = 0; w < block_warps; ++w) below_count += probes_below[w];
+    __syncthreads();              // before the counts are written again
+    if (below_count == 0) break;  // offsets[first] is at or above the target
+    // The last probe below lies at (below_count - 1) * share: the answer follows it, at most up to
+    // the next probe (or the range's end).
+    const std::uint32_t next = below_count * share < left ? below_count * share : left;
+    first += (below_count - 1) * share + 1;
+    left = next - ((below_count - 1) * share + 1);
+  }
+  return first;
+}
+
+/// Writes every element of a cache with 32-bit offsets (min-k over a whole tensor: one chunk, its
+/// offsets ascending as compress writes them) in one launch: a block per tile of `offsets_tile`
+/// elements finds the kept values whose offsets fall in its tile (offsets_below, twice), zeroes the
+/// tile with 16-byte stores, then writes those values. As in chunk_scatter_offsets_kernel, zeros
+/// and values meet in L2, where a memset of the whole output and a scatter wrote the sectors
+/// holding a kept value twice.
 template <class T, class Out>
-DROPIT_KERNEL void scatter_offsets_kernel(cache_layout layout, std::int64_t kept, const T* values,
-                                          const std::uint32_t* offsets, Out* out) {
-  const std::int64_t stride = std::int64_t{gridDim.x} * block_threads;
-  // Read once, not per element (see mask_densify_kernel).
-  const std::int64_t full_chunks = layout.full_chunk_count();
-  const float full_scale = layout.value_scale(0), tail_scale = layout.value_scale(full_chunks);
-  const std::int64_t start = std::int64_t{blockIdx.x} * block_threads + threadIdx.x;
-  // Full chunks keep kept_per_chunk >= 1 values each; whatever follows is the tail's. The value's
-  // chunk is walked without a division per value: (chunk, slot in chunk) as two digits.
-  index_walk<2> at(start, stride, {layout.kept_per_chunk});
-  for (std::int64_t j = start; j < kept; j += stride, at.advance()) {
-    const std::int64_t chunk = at[0] < full_chunks ? at[0] : full_chunks;
-    out[chunk * layout.chunk_size + offsets[j]] =
-        densified<Out>(values[j], layout.rescale, chunk == full_chunks ? tail_scale : full_scale);
+DROPIT_KERNEL void tile_scatter_offsets_kernel(cache_layout layout, const T* values,
+                                               const std::uint32_t* offsets, Out* out) {
+  __shared__ std::uint32_t probes_below[block_warps];
+  const std::int64_t n = layout.numel();  // under 2^32: offsets are 32-bit
+  const auto kept = static_cast<std::uint32_t>(layout.kept_per_chunk);
+  const float scale = layout.value_scale(0);
+  for (std::int64_t begin = blockIdx.x * offsets_tile; begin < n;
+       begin += std::int64_t{gridDim.x} * offsets_tile) {
+    const auto tile_begin = static_cast<std::uint32_t>(begin);
+    const auto length =
+        static_cast<std::uint32_t>(n - begin < offsets_tile ? n - begin : offsets_tile);
+    const std::uint32_t first = offsets_below(offsets, kept, tile_begin, probes_below);
+    const std::uint32_t last = offsets_below(offsets, kept, tile_begin + length, probes_below);
+    zero_span(out + begin, length);
+    __syncthreads();  // the zeros before the values written over them
+    for (std::uint32_t j = first + threadIdx.x; j < last; j += block_threads)
+      out[offsets[j]] = densified<Out>(values[j], layout.rescale, scale);
   }
 }
 
