@@ -4,6 +4,7 @@
 // bit for bit, and densify must agree bit for bit, on GPU-made and CPU-made caches alike. Also the
 // ReLU mask, the caller's stream, and bad inputs.
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -204,6 +205,7 @@ TEST_CASE_TEMPLATE("cuda: bitmask mask words at any 4-byte offset", T, float, dr
       std::memcpy(bytes.data(), all.data() + shift, bytes.size());
       CHECK_BITS_EQUAL(got.values.download(), test::values_of(want));
       CHECK(bytes == test::position_bytes(want));
+      for (std::size_t w = 0; w < shift; ++w) CHECK(all[w] == 0xa5a5a5a5u);  // left untouched
     }
   };
   for (const double gamma : {0.5, 0.9}) {
@@ -246,6 +248,51 @@ TEST_CASE_TEMPLATE("cuda: 32-bit offsets densified tile by tile", T, float, drop
     cuda_test::finish(gpu);
     const auto all = out.download();
     CHECK_BITS_EQUAL(std::vector<T>(all.begin() + 1, all.end()), densify(serial, want));
+    CHECK_BITS_EQUAL(std::vector<T>(all.begin(), all.begin() + 1),
+                     std::vector<T>{test::from_bits<T>(0xa5a5a5a5u)});  // left untouched
+  }
+}
+
+namespace {
+
+__global__ void offsets_below_kernel(const std::uint32_t* offsets, std::uint32_t count,
+                                     const std::uint32_t* targets, std::uint32_t target_count,
+                                     std::uint32_t* found) {
+  __shared__ std::uint32_t probes_below[dropit::detail::cuda::block_warps];
+  for (std::uint32_t t = 0; t < target_count; ++t) {
+    const std::uint32_t below =
+        dropit::detail::cuda::offsets_below(offsets, count, targets[t], probes_below);
+    if (threadIdx.x == 0) found[t] = below;
+  }
+}
+
+}  // namespace
+
+// The tile densify's search over ascending offsets, against std::lower_bound: 100 003 offsets take
+// four rounds of narrowing (shares of 391, 2, then 1), targets at, between and beyond them, and
+// ranges of 0 and 1 offsets.
+TEST_CASE("cuda: the block's search over ascending offsets counts those below a target") {
+  namespace dc = dropit::detail::cuda;
+  for (const std::uint32_t count : {0u, 1u, 100003u}) {
+    CAPTURE(count);
+    std::vector<std::uint32_t> offsets(count);
+    for (std::uint32_t i = 0; i < count; ++i) offsets[i] = 3 * i + i % 2 + 5;
+    std::vector<std::uint32_t> targets = {0, 5, 6, 0xffffffffu};
+    for (const std::uint32_t i : {1u, 255u, 256u, 390u, 391u, 782u, 50000u, 100002u}) {
+      if (i >= count) continue;
+      targets.insert(targets.end(), {offsets[i] - 1, offsets[i], offsets[i] + 1});
+    }
+    device_buffer<std::uint32_t> offsets_d(offsets), targets_d(targets), found_d(targets.size());
+    dc::launch(offsets_below_kernel, {1}, nullptr, offsets_d.data(), count, targets_d.data(),
+               static_cast<std::uint32_t>(targets.size()), found_d.data());
+    CUDA_REQUIRE(cudaGetLastError());
+    CUDA_REQUIRE(cudaDeviceSynchronize());
+    const auto found = found_d.download();
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+      CAPTURE(targets[t]);
+      const auto want = std::lower_bound(offsets.begin(), offsets.end(), targets[t]);
+      CHECK(found[t] == static_cast<std::uint32_t>(want - offsets.begin()));
+    }
   }
 }
 

@@ -637,9 +637,9 @@ inline constexpr std::int64_t offsets_tile = std::int64_t{1} << 14;
 
 /// How many of the ascending `offsets[0 .. count)` lie below `target`, searched by the block: each
 /// round every thread probes the first offset of its share of the range left (a 256th), and the
-/// probes below the target, a prefix of them, narrow it to one share. At most 4 rounds for 2^32
-/// offsets. Called by every thread of the block; `probes_below`: one word per warp of shared
-/// memory.
+/// probes below the target, a prefix of them, narrow it to one share: at most 4 rounds. `count`
+/// below 2^31 (a cache takes 32-bit offsets where it keeps under n/32 < 2^27 values). Called by
+/// every thread of the block; `probes_below`: one word per warp of shared memory.
 __device__ inline std::uint32_t offsets_below(const std::uint32_t* offsets, std::uint32_t count,
                                               std::uint32_t target, std::uint32_t* probes_below) {
   std::uint32_t first = 0, left = count;  // the answer lies in [first, first + left]

@@ -130,8 +130,10 @@ struct staged_keys {
   }
 };
 
-/// Key sources that also give their keys before a clamp: `key_of.unclamped()(i) >= t` exactly
-/// where `key_of(i) >= t`, for every t up to KeyOf::largest_key.
+/// Key sources of magnitudes that also give their keys before the clamp of NaN payloads:
+/// `key_of.unclamped()(i) >= t` exactly where `key_of(i) >= t`, for every t up to
+/// KeyOf::largest_key; a key at or above largest_key unclamped is largest_key clamped; and no key,
+/// clamped or not, exceeds magnitude_order_max (the sign bit is clear).
 template <class KeyOf>
 concept has_unclamped_keys = requires(const KeyOf& key_of) {
   key_of.unclamped();
@@ -514,7 +516,7 @@ __device__ void collect_candidates(const KeyOf& key_of, std::uint32_t length,
   // then it is the sign of bin_top - key, which the compiler adds to a count in one instruction
   // (a comparison takes a select besides the add).
   const auto is_above = [&](std::uint32_t key) -> std::uint32_t {
-    if constexpr (has_unclamped_keys<KeyOf> && KeyOf::largest_key <= magnitude_order_max)
+    if constexpr (has_unclamped_keys<KeyOf>)
       return (bin_top - key) >> 31;
     else
       return key > bin_top;
@@ -738,9 +740,9 @@ struct emitted_group {
 /// The second half of emit_selected, after count_segments (or block_select) over the same range:
 /// calls `visit(group)` for its groups, in order; `above_before` / `equal_before` count the keys
 /// above / equal to the cut before `begin`. `Index` holds candidate indices and slots: 32 bits
-/// where the range is a chunk. A visitor that offers `specialised(emit)` (bitmask_writer) picks
-/// its form for the range once, so that no group tests it. Called by every thread of the block;
-/// ends with a barrier.
+/// where the range is a chunk. A visitor that offers `specialised(emit)` (bitmask_writer, `begin`
+/// a multiple of 128) picks its form for the range once, so that no group tests it. Called by every
+/// thread of the block; ends with a barrier.
 template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
 __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
                              std::type_identity_t<Index> end,
@@ -832,7 +834,8 @@ __device__ void emit_counted(const KeyOf& key_of, cut<Key> c, std::type_identity
 /// to the cut, the block adds up the counts of the warps before it, and then it walks its segment
 /// a group at a time, where the warp ballots of each round give every kept candidate its slot — no
 /// block-wide scan per group. Reads every key twice; called by every thread of the block; `begin`
-/// a multiple of 32 for bitmask writers. `Index`: as emit_counted's.
+/// a multiple of 128 for bitmask writers (a group's mask words then start a 16-byte vector
+/// wherever the writer's words do). `Index`: as emit_counted's.
 template <class Index = std::uint64_t, class Key, class KeyOf, class Visit>
 __device__ void emit_selected(const KeyOf& key_of, cut<Key> c, std::type_identity_t<Index> begin,
                               std::type_identity_t<Index> end,
