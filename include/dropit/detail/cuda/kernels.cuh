@@ -682,7 +682,8 @@ DROPIT_KERNEL void tile_scatter_offsets_kernel(cache_layout layout, const T* val
     const auto length =
         static_cast<std::uint32_t>(n - begin < offsets_tile ? n - begin : offsets_tile);
     const std::uint32_t first = offsets_below(offsets, kept, tile_begin, probes_below);
-    const std::uint32_t last = offsets_below(offsets, kept, tile_begin + length, probes_below);
+    const std::uint32_t last =  // searched after `first` only
+        first + offsets_below(offsets + first, kept - first, tile_begin + length, probes_below);
     zero_span(out + begin, length);
     __syncthreads();  // the zeros before the values written over them
     for (std::uint32_t j = first + threadIdx.x; j < last; j += block_threads)
