@@ -151,6 +151,63 @@ TEST_CASE("random: different seeds and different chunks draw differently") {
       CHECK(positions_of(chunked, a * 64, 64) != positions_of(chunked, b * 64, 64));
 }
 
+TEST_CASE("random: a stream's draws never tie") {
+  // Distinct draws make every chunk's k smallest a set of its own, whatever k: checked over the
+  // longest chunk, for chunk, channel and extreme seed and stream values.
+  for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{1}, ~std::uint64_t{0}})
+    for (const std::uint64_t stream :
+         {std::uint64_t{0}, std::uint64_t{12345}, detail::channel_stream}) {
+      CAPTURE(seed);
+      CAPTURE(stream);
+      std::vector<std::uint32_t> draws;
+      for (std::uint64_t i = 0; i < std::uint64_t{max_chunk_size}; ++i)
+        draws.push_back(detail::random_key(seed, stream, i));
+      std::sort(draws.begin(), draws.end());
+      CHECK(std::adjacent_find(draws.begin(), draws.end()) == draws.end());
+    }
+}
+
+TEST_CASE("random: neighbouring chunks and seeds overlap as independent draws do") {
+  // Two independent uniform k-subsets of n positions share a hypergeometric number of them: mean
+  // k^2/n, variance k^2/n ((n-k)/n)^2 n/(n-1). Streams that shared or shifted one pattern would
+  // overlap far more; the mean's bound is 6 standard errors, the variance's 25 %.
+  constexpr std::int64_t n = 1024, chunks = 1024;
+  constexpr double gamma = 0.9;
+  const std::int64_t k = ref::kept(n, ref::rate{gamma, 9, 10});
+  const auto x = nonzero_input(n * chunks);
+  const auto check_overlaps = [&](const char* name, const auto& mask_of_draw) {
+    double sum = 0, sum_squares = 0;
+    std::vector<bool> previous = mask_of_draw(0);
+    for (std::int64_t d = 1; d < chunks; ++d) {
+      const std::vector<bool> current = mask_of_draw(d);
+      double shared = 0;
+      for (std::int64_t i = 0; i < n; ++i) shared += previous[i] && current[i];
+      sum += shared;
+      sum_squares += shared * shared;
+      previous = current;
+    }
+    const double pairs = chunks - 1, mean = sum / pairs,
+                 variance = sum_squares / pairs - mean * mean;
+    const double expected_mean = double(k) * k / n;
+    const double expected_variance =
+        expected_mean * (double(n - k) / n) * (double(n - k) / n) * n / (n - 1.0);
+    INFO(std::string(name) << ": mean overlap " << mean << " (expected " << expected_mean
+                           << "), variance " << variance << " (expected " << expected_variance
+                           << ")");
+    CHECK(std::abs(mean - expected_mean) < 6 * std::sqrt(expected_variance / pairs));
+    CHECK(std::abs(variance / expected_variance - 1) < 0.25);
+  };
+  const std::vector<bool> chunked =
+      kept_mask(compress(serial, random_policy(gamma, 5, n), test::view_of(x, {n * chunks})));
+  check_overlaps("chunks", [&](std::int64_t chunk) {
+    return std::vector<bool>(chunked.begin() + chunk * n, chunked.begin() + (chunk + 1) * n);
+  });
+  check_overlaps("seeds", [&](std::int64_t seed) {
+    return kept_mask(
+        compress(serial, random_policy(gamma, std::uint64_t(seed), n), test::view_of(x, {n})));
+  });
+}
+
 TEST_CASE("random: inclusion is uniform over seeds, chunks, tails and channels") {
   const auto x = nonzero_input(n_uniform);
   const sampler over_seeds = [&](int draw) {
@@ -180,8 +237,8 @@ TEST_CASE("random: inclusion is uniform over seeds, chunks, tails and channels")
        {std::pair{"seeds", over_seeds}, std::pair{"chunks", over_chunks},
         std::pair{"tail chunks", over_tails}, std::pair{"channels", over_channels}}) {
     const uniformity u = measure(n_uniform, k_uniform, draws, sample);
-    INFO(name << ": marginal chi-square " << u.marginal << " (63 dof), pair statistic " << u.pairs
-              << " (mean 2016)");
+    INFO(std::string(name) << ": marginal chi-square " << u.marginal << " (63 dof), pair statistic "
+                           << u.pairs << " (mean 2016)");
     CHECK(looks_uniform(u, n_uniform));
   }
 }
@@ -234,7 +291,7 @@ TEST_CASE("the uniformity statistic rejects biased samplers") {
        {std::pair{"first k", first_k}, std::pair{"favour position 0", favour_first},
         std::pair{"rotation", rotation}}) {
     const uniformity u = measure(n_uniform, k_uniform, draws, sample);
-    INFO(name << ": marginal " << u.marginal << ", pairs " << u.pairs);
+    INFO(std::string(name) << ": marginal " << u.marginal << ", pairs " << u.pairs);
     CHECK_FALSE(looks_uniform(u, n_uniform));
   }
 }

@@ -60,14 +60,35 @@ DROPIT_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
+/// A random stream's key: 64 bits of (`seed`, `stream`) with full avalanche, computed once per
+/// stream (chunk or channel set) rather than per draw.
+DROPIT_HOST_DEVICE inline std::uint64_t random_stream_key(std::uint64_t seed, std::uint64_t stream) {
+  return mix64(seed ^ mix64(stream + 0x9e3779b97f4a7c15ull));
+}
+
+/// Draw `index` of the stream keyed by `stream_key`: 32-bit arithmetic only (a few instructions,
+/// eight lanes to an AVX2 vector), where a 64-bit mix per draw cost most of a random compress.
+/// The index's Weyl step from the key's low half is hashed by two multiply-xorshift rounds
+/// (lowbias32), the key's high half entering between them, so that streams whose steps overlap
+/// still rank their draws independently. Every step is a bijection of 32-bit words: a stream's
+/// draws for distinct indices below 2^32 are distinct (no ties within a chunk).
+DROPIT_HOST_DEVICE inline std::uint32_t random_draw(std::uint64_t stream_key, std::uint64_t index) {
+  std::uint32_t x = static_cast<std::uint32_t>(stream_key) +
+                    static_cast<std::uint32_t>(index) * 0x9e3779b9u +
+                    static_cast<std::uint32_t>(index >> 32) * 0x85ebca6bu;
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= (x >> 15) ^ static_cast<std::uint32_t>(stream_key >> 32);
+  x *= 0x846ca68bu;
+  return x ^ (x >> 16);
+}
+
 /// Counter-based generator: a 32-bit uniform key for (`seed`, `stream`, `index`). Random selection
-/// keeps the `k` smallest keys of a chunk (stream = chunk) or of the channels (stream =
+/// keeps the `k` largest keys of a chunk (stream = chunk) or of the channels (stream =
 /// `channel_stream`), which draws `k` positions uniformly without replacement.
 DROPIT_HOST_DEVICE inline std::uint32_t random_key(std::uint64_t seed, std::uint64_t stream,
                                                    std::uint64_t index) {
-  const std::uint64_t keyed = mix64(seed ^ mix64(stream + 0x9e3779b97f4a7c15ull));
-  // Complemented so that "keep the largest keys", as for magnitudes, keeps the smallest draws.
-  return ~static_cast<std::uint32_t>(mix64(keyed + index * 0xd1b54a32d192ed03ull) >> 32);
+  return random_draw(random_stream_key(seed, stream), index);
 }
 
 inline constexpr std::uint64_t channel_stream = ~std::uint64_t{0};

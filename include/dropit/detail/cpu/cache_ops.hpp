@@ -38,9 +38,9 @@ void range_keys(const cache_layout& layout, const T* data, std::int64_t chunk, s
     if constexpr (traits::ranks_values) {
       for (std::int64_t i = first; i < last; ++i)
         keys[i] = traits::key(data[i], layout.seed, stream, static_cast<std::uint64_t>(i));
-    } else {
-      for (std::int64_t i = first; i < last; ++i)
-        keys[i] = traits::key(T{}, layout.seed, stream, static_cast<std::uint64_t>(i));
+    } else {  // 32-bit indices (chunks hold at most 2^16): the draws vectorise as 32-bit lanes
+      for (auto i = static_cast<std::uint32_t>(first); i < last; ++i)
+        keys[i] = traits::key(T{}, layout.seed, stream, i);
     }
   });
 }
