@@ -114,14 +114,14 @@ void emit_kept_kernel(const cache_layout& layout, const T* chunk_data, std::int6
     case position_encoding::offsets: {
       const auto store_offsets = [&]<class Offset>(Offset* offsets) {
         offsets += layout.values_begin(chunk) + stored_before;
-        for_each_selected_block(keys, length, cut, no_words,
-                                [&](std::int64_t block_first, const std::uint32_t* indices,
-                                    std::int64_t count) {
-                                  const std::int64_t base = first + block_first;
-                                  for (std::int64_t j = 0; j < count; ++j)
-                                    offsets[stored + j] = static_cast<Offset>(base + indices[j]);
-                                  store_values(block_first, indices, count);
-                                });
+        for_each_selected_block(
+            keys, length, cut, no_words,
+            [&](std::int64_t block_first, const std::uint32_t* indices, std::int64_t count) {
+              const std::int64_t base = first + block_first;
+              for (std::int64_t j = 0; j < count; ++j)
+                offsets[stored + j] = static_cast<Offset>(base + indices[j]);
+              store_values(block_first, indices, count);
+            });
       };
       if (layout.offset_bytes == 2)
         store_offsets(static_cast<std::uint16_t*>(out.positions));
@@ -383,7 +383,7 @@ void compress_shared_chunk(const cpu_backend& backend, const cache_layout& layou
     }
     parallel_for(backend, ranges, [&](std::int64_t r, int) {
       collect_range_bin(keys + first_of(r), first_of(r + 1) - first_of(r), choice.bin,
-                  candidates + counts[r].candidates_before);
+                        candidates + counts[r].candidates_before);
     });
     cut = narrow_candidates(candidates, total, k - choice.above);
   }
@@ -447,16 +447,20 @@ inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend
 }
 
 /// Calls `visit(flat_position, value_index)` for every kept element, ascending within each
-/// parallel work item (a chunk, or an outer index for channel caches).
-template <class T, class Visit>
+/// parallel work item (a chunk, or an outer index for channel caches), after
+/// `enter(first, count)` for the item's positions [first, first + count): densify zeroes them
+/// there, so that its writes meet in cache rather than after a pass over the whole output.
+template <class T, class Enter, class Visit>
 void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
-                   const read_scratch& scratch, Visit&& visit) {
+                   const read_scratch& scratch, Enter&& enter, Visit&& visit) {
   const cache_layout& layout = cache.layout;
   if (layout.channel_granularity) {
     const std::uint32_t* list =
         kept_channels(backend, cache, scratch.scores, scratch.order, scratch.channel_list);
     const std::int64_t kept = layout.kept_channels, inner = layout.inner;
+    const std::int64_t slab = layout.channels * inner;
     parallel_for(backend, layout.outer, [&](std::int64_t o, int) {
+      enter(o * slab, slab);
       for (std::int64_t j = 0; j < kept; ++j) {
         const std::int64_t position = (o * layout.channels + list[j]) * inner;
         const std::int64_t value = (o * kept + j) * inner;
@@ -468,6 +472,7 @@ void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
   // Exceptions cannot leave a parallel region: a bad chunk is recorded and reported after it.
   std::atomic<std::int64_t> bad_chunk{-1};
   for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
+    enter(layout.chunk_begin(chunk), layout.chunk_length(chunk));
     if (!for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread,
                                 visit))
       bad_chunk.store(chunk, std::memory_order_relaxed);
@@ -664,23 +669,17 @@ void densify(const cpu_backend& backend, const cache_view<const T>& cache, T* ou
   workspace_carver carver(memory);
   const read_scratch scratch = add_read_scratch(carver, backend, layout, false);
 
-  // Zero first (in the same parallel partition), then scatter.
-  if (layout.channel_granularity) {
-    const std::int64_t slab = layout.channels * layout.inner;
-    parallel_for(backend, layout.outer,
-                 [&](std::int64_t o, int) { std::fill_n(out + o * slab, slab, T{}); });
-  } else {
-    for_each_chunk(backend, layout, [&](std::int64_t chunk, int) {
-      std::fill_n(out + layout.chunk_begin(chunk), layout.chunk_length(chunk), T{});
-    });
-  }
+  // Each work item zeroes its positions, then writes its kept values while they are in cache.
+  const auto zero = [&](std::int64_t first, std::int64_t count) {
+    std::fill_n(out + first, count, T{});
+  };
   if (!layout.rescale) {
-    for_each_kept(backend, cache, scratch, [&](std::int64_t position, std::int64_t value) {
+    for_each_kept(backend, cache, scratch, zero, [&](std::int64_t position, std::int64_t value) {
       out[position] = cache.values[value];
     });
     return;
   }
-  for_each_kept(backend, cache, scratch, [&](std::int64_t position, std::int64_t value) {
+  for_each_kept(backend, cache, scratch, zero, [&](std::int64_t position, std::int64_t value) {
     out[position] = from_float<T>(scaled_value(layout, cache.values[value], position));
   });
 }

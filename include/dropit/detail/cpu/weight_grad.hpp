@@ -46,10 +46,13 @@ inline decode_scratch add_decode_scratch(workspace_carver& carver, const cpu_bac
 
 template <class T>
 void decode(const cpu_backend& backend, const cache_view<T>& cache, const decode_scratch& scratch) {
-  for_each_kept(backend, cache, scratch.reading, [&](std::int64_t position, std::int64_t value) {
-    scratch.entries.positions[value] = position;
-    scratch.entries.values[value] = scaled_value(cache.layout, cache.values[value], position);
-  });
+  const auto nothing_on_entry = [](std::int64_t, std::int64_t) {};
+  for_each_kept(backend, cache, scratch.reading, nothing_on_entry,
+                [&](std::int64_t position, std::int64_t value) {
+                  scratch.entries.positions[value] = position;
+                  scratch.entries.values[value] =
+                      scaled_value(cache.layout, cache.values[value], position);
+                });
 }
 
 /// `dz` as float: the caller's buffer for float, a converted copy in `converted` otherwise.
@@ -104,8 +107,7 @@ inline linear_scratch add_linear_scratch(workspace_carver& carver, const cpu_bac
   scratch.column_rows = carver.add<std::uint32_t>(layout.kept());
   scratch.column_values = carver.add<float>(layout.kept());
   const std::int64_t tiles = (out_features + linear_tile - 1) / linear_tile;
-  scratch.accumulator =
-      carver.add<float>(tiles, in_features, linear_tile);
+  scratch.accumulator = carver.add<float>(tiles, in_features, linear_tile);
   scratch.packed_dz = carver.add<float>(tiles, std::min(rows, linear_row_block), linear_tile);
   return scratch;
 }
