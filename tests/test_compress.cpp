@@ -26,6 +26,11 @@ void check_keeps(const std::vector<T>& x, const dropit::shape& s, const P& p,
   CHECK_BITS_EQUAL(test::values_of(c), ref::kept_values(x, mask));
   if (c.layout().encoding != position_encoding::seeded) CHECK(test::decoded_mask(c) == mask);
   CHECK_BITS_EQUAL(densify(backend, c), ref::masked(x, mask));
+  // Into an output that holds something else: densify writes its zeros too.
+  std::vector<T> dense(x.size(), test::make<T>(7.0));
+  std::vector<std::byte> memory(densify_workspace_bytes<T>(backend, c.layout()));
+  densify<T>(backend, c.view(), test::view_of(dense, s), workspace(memory));
+  CHECK_BITS_EQUAL(dense, ref::masked(x, mask));
 }
 
 const ref::rate some_rates[] = {{0.0, 0, 1}, {0.29, 29, 100}, {0.5, 1, 2},

@@ -4,6 +4,7 @@
 // at offsets computable from the layout, so chunks run in parallel with no coordination.
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <bit>
 #include <cstdint>
@@ -146,6 +147,40 @@ void compress_chunk_kernel(const cache_layout& layout, const T* data, std::int64
 }
 DROPIT_CPU_DISPATCH(compress_chunk)
 
+/// Set bits among mask words [first, last).
+inline std::int64_t count_set_bits_kernel(const std::uint32_t* words, std::int64_t first,
+                                          std::int64_t last) {
+  std::int64_t count = 0;
+  for (std::int64_t w = first; w < last; ++w) count += std::popcount(words[w]);
+  return count;
+}
+DROPIT_CPU_DISPATCH(count_set_bits)
+
+/// Whether the mask `words` of a chunk of `length` elements sets no bit past the chunk's end.
+inline bool mask_tail_clear(const std::uint32_t* words, std::int64_t length) {
+  return length % 32 == 0 || words[(length + 31) / 32 - 1] >> (length % 32) == 0;
+}
+
+/// Whether the mask `words` of a chunk of `length` elements sets exactly `kept` bits, none past
+/// the chunk's end: stored positions come from the caller's buffers, so they are checked before
+/// any value is read by them.
+inline bool mask_matches(const std::uint32_t* words, std::int64_t length, std::int64_t kept) {
+  return mask_tail_clear(words, length) &&
+         count_set_bits_kernel(words, 0, (length + 31) / 32) == kept;
+}
+
+/// Calls `visit(begin + bit, value++)` for each set bit of mask words [first, last) (bit counted
+/// from word 0), ascending; returns the next value index.
+template <class Visit>
+DROPIT_ALWAYS_INLINE std::int64_t visit_set_bits(const std::uint32_t* words, std::int64_t first,
+                                                 std::int64_t last, std::int64_t begin,
+                                                 std::int64_t value, Visit&& visit) {
+  for (std::int64_t w = first; w < last; ++w)
+    for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1)
+      visit(begin + w * 32 + std::countr_zero(bits), value++);
+  return value;
+}
+
 /// Calls `visit(flat_position, value_index)` for every kept element of `chunk`, ascending.
 /// `scratch` is `element_scratch_keys` keys (used only by seeded caches). Stored positions come
 /// from the caller's buffers, so they are checked before they are used: false (and nothing visited
@@ -162,16 +197,8 @@ bool for_each_kept_in_chunk_kernel(const cache_view<T>& cache, std::int64_t chun
     case position_encoding::bitmask: {
       const auto* words =
           static_cast<const std::uint32_t*>(cache.positions) + layout.mask_word_begin(chunk);
-      const std::int64_t word_count = (length + 31) / 32;
-      if (length % 32 != 0 && words[word_count - 1] >> (length % 32) != 0) return false;
-      const std::int64_t end_value = first_value + kept;
-      std::int64_t value = first_value;
-      for (std::int64_t w = 0; w < word_count; ++w)
-        for (std::uint32_t bits = words[w]; bits != 0; bits &= bits - 1) {
-          if (value == end_value) return false;
-          visit(begin + w * 32 + std::countr_zero(bits), value++);
-        }
-      if (value != end_value) return false;
+      if (!mask_matches(words, length, kept)) return false;
+      visit_set_bits(words, 0, (length + 31) / 32, begin, first_value, visit);
       break;
     }
     case position_encoding::offsets:
@@ -446,10 +473,59 @@ inline read_scratch add_read_scratch(workspace_carver& carver, const cpu_backend
   return scratch;
 }
 
+/// A bitmask cache of one chunk (min-k over the whole tensor) is read by several threads, each
+/// over a run of blocks of this many mask words (2^14 positions, whose densified floats stay in
+/// cache between the zeroing and the writes): the set bits before each run are counted first.
+inline constexpr std::int64_t mask_block_words = 512;
+inline constexpr int max_mask_runs = 64;
+
+/// Calls `enter(first, count)` for each block of mask words [first_word, last_word) (positions
+/// [first, first + count) of a chunk of `length` from 0), then `visit` for its set bits, value
+/// indices from `value`.
+template <class Enter, class Visit>
+void visit_mask_blocks_kernel(const std::uint32_t* words, std::int64_t first_word,
+                              std::int64_t last_word, std::int64_t length, std::int64_t value,
+                              Enter&& enter, Visit&& visit) {
+  for (std::int64_t block = first_word; block < last_word; block += mask_block_words) {
+    const std::int64_t block_end = std::min(last_word, block + mask_block_words);
+    enter(block * 32, std::min(length, block_end * 32) - block * 32);
+    value = visit_set_bits(words, block, block_end, 0, value, visit);
+  }
+}
+DROPIT_CPU_DISPATCH(visit_mask_blocks)
+
+/// for_each_kept over a one-chunk bitmask cache, its mask split into runs of whole blocks, one
+/// work item each. False (nothing visited) where the mask does not set exactly the kept count.
+template <class T, class Enter, class Visit>
+bool for_each_kept_in_split_mask(const cpu_backend& backend, const cache_view<T>& cache,
+                                 Enter&& enter, Visit&& visit) {
+  const std::int64_t length = cache.layout.numel();
+  const auto* words = static_cast<const std::uint32_t*>(cache.positions);
+  const std::int64_t word_count = (length + 31) / 32;
+  if (!mask_tail_clear(words, length)) return false;
+  const std::int64_t blocks = (word_count + mask_block_words - 1) / mask_block_words;
+  const std::int64_t runs =
+      std::min<std::int64_t>({blocks, backend.thread_count(), std::int64_t{max_mask_runs}});
+  const std::int64_t run_words = (blocks + runs - 1) / runs * mask_block_words;
+  const auto run_begin = [&](std::int64_t run) { return std::min(word_count, run * run_words); };
+  std::array<std::int64_t, max_mask_runs + 1> values_before{};
+  parallel_for(backend, runs, [&](std::int64_t run, int) {
+    values_before[run + 1] = count_set_bits(words, run_begin(run), run_begin(run + 1));
+  });
+  for (std::int64_t run = 0; run < runs; ++run) values_before[run + 1] += values_before[run];
+  if (values_before[runs] != cache.layout.kept()) return false;
+  parallel_for(backend, runs, [&](std::int64_t run, int) {
+    visit_mask_blocks(words, run_begin(run), run_begin(run + 1), length, values_before[run], enter,
+                      visit);
+  });
+  return true;
+}
+
 /// Calls `visit(flat_position, value_index)` for every kept element, ascending within each
-/// parallel work item (a chunk, or an outer index for channel caches), after
-/// `enter(first, count)` for the item's positions [first, first + count): densify zeroes them
-/// there, so that its writes meet in cache rather than after a pass over the whole output.
+/// parallel work item (a chunk, a run of mask blocks of a one-chunk bitmask cache, or an outer
+/// index for channel caches), after `enter(first, count)` for each span of positions it covers
+/// (the item's, or a mask block's): densify zeroes them there, so that its writes meet in cache
+/// rather than after a pass over the whole output.
 template <class T, class Enter, class Visit>
 void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
                    const read_scratch& scratch, Enter&& enter, Visit&& visit) {
@@ -471,12 +547,16 @@ void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
   }
   // Exceptions cannot leave a parallel region: a bad chunk is recorded and reported after it.
   std::atomic<std::int64_t> bad_chunk{-1};
-  for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
-    enter(layout.chunk_begin(chunk), layout.chunk_length(chunk));
-    if (!for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread,
-                                visit))
-      bad_chunk.store(chunk, std::memory_order_relaxed);
-  });
+  if (layout.chunk_count() == 1 && layout.encoding == position_encoding::bitmask) {
+    if (!for_each_kept_in_split_mask(backend, cache, enter, visit)) bad_chunk = 0;
+  } else {
+    for_each_chunk(backend, layout, [&](std::int64_t chunk, int thread) {
+      enter(layout.chunk_begin(chunk), layout.chunk_length(chunk));
+      if (!for_each_kept_in_chunk(cache, chunk, scratch.keys + thread * scratch.keys_per_thread,
+                                  visit))
+        bad_chunk.store(chunk, std::memory_order_relaxed);
+    });
+  }
   const std::int64_t bad = bad_chunk.load();
   expect(bad < 0, "cache positions of chunk ", bad, " do not match the layout: expected ",
          layout.kept_in_chunk(std::max<std::int64_t>(bad, 0)), " ascending ",
