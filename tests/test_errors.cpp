@@ -278,8 +278,7 @@ void check_table(const std::vector<bad_input>& table) {
     INFO("message: ", message);
     CHECK_MESSAGE(message.rfind("dropit: ", 0) == 0, "expected a dropit::error");
     for (const std::string& needle : row.named)
-      CHECK_MESSAGE(message.find(needle) != std::string::npos, "message should name '", needle,
-                    "'");
+      CHECK_MESSAGE(message.find(needle) != std::string::npos, "message should name '", needle, "'");
   }
 }
 
@@ -326,62 +325,37 @@ TEST_CASE("bad input table: the C++ core") {
 
   std::vector<bad_input> table{
       // Drop rate and chunk size.
-      {"gamma NaN",
-       [&] {
-         plan_cache<float>(policy<chunked_min_k_selection>{{nan, 16}}, {8});
-       },
+      {"gamma NaN", [&] { plan_cache<float>(policy<chunked_min_k_selection>{{nan, 16}}, {8}); },
        {"gamma = nan", "[0, 1)"}},
-      {"gamma negative",
-       [&] { plan_cache<float>(policy<min_k_selection>{{-0.25}}, {8}); },
+      {"gamma negative", [&] { plan_cache<float>(policy<min_k_selection>{{-0.25}}, {8}); },
        {"gamma = -0.25"}},
-      {"gamma 1",
-       [&] { plan_cache<half>(policy<random_selection>{{.gamma = 1.0}}, {8}); },
+      {"gamma 1", [&] { plan_cache<half>(policy<random_selection>{{.gamma = 1.0}}, {8}); },
        {"gamma = 1"}},
-      {"chunk size 0",
-       [&] {
-         plan_cache<float>(policy<chunked_min_k_selection>{{0.5, 0}}, {8});
-       },
+      {"chunk size 0", [&] { plan_cache<float>(policy<chunked_min_k_selection>{{0.5, 0}}, {8}); },
        {"D = 0", "[1, 65536]"}},
       {"chunk size 65537",
        [&] { plan_cache<float>(policy<random_selection>{{.chunk_size = 65537}}, {8}); },
        {"D = 65537"}},
       // Shapes and element types that disagree between the cache, dZ and dW.
       {"compress input of another shape",
-       [&] {
-         compress_with(a.data(), values.data(), memory.size(), {4, 6});
-       },
-       {"[4, 6]", "[6, 4]"}},
+       [&] { compress_with(a.data(), values.data(), memory.size(), {4, 6}); }, {"[4, 6]", "[6, 4]"}},
       {"densify output of another shape",
-       [&] {
-         densify<float>(serial, c.view(), test::view_of(big, {5, 4}), {});
-       },
-       {"[5, 4]", "[6, 4]"}},
+       [&] { densify<float>(serial, c.view(), test::view_of(big, {5, 4}), {}); }, {"[5, 4]", "[6, 4]"}},
       {"cache read as another element type",
        [&] {
-         const cache_view<const half> as_half{
-             c.layout(), reinterpret_cast<const half*>(c.values().data()), c.view().positions};
+         const cache_view<const half> as_half{c.layout(),
+                                              reinterpret_cast<const half*>(c.values().data()),
+                                              c.view().positions};
          densify(serial, as_half);
        },
        {"float32", "float16"}},
-      {"dZ rows differ from the cache's",
-       [&] {
-         linear(test::view_of(dz, {5, 3}), test::view_of(dw, {3, 4}));
-       },
+      {"dZ rows differ from the cache's", [&] { linear(test::view_of(dz, {5, 3}), test::view_of(dw, {3, 4})); },
        {"[5, 3]", "6 rows"}},
-      {"dW of another shape",
-       [&] {
-         linear(test::view_of(dz, {6, 3}), test::view_of(big, {4, 3}));
-       },
+      {"dW of another shape", [&] { linear(test::view_of(dz, {6, 3}), test::view_of(big, {4, 3})); },
        {"[4, 3]", "[3, 4]"}},
-      {"conv2d dZ of another shape",
-       [&] {
-         conv({2, 6, 4, 4}, {6, 4, 3, 3});
-       },
+      {"conv2d dZ of another shape", [&] { conv({2, 6, 4, 4}, {6, 4, 3, 3}); },
        {"[2, 6, 4, 4]", "[2, 6, 3, 3]"}},
-      {"conv2d dW with the wrong input channels",
-       [&] {
-         conv({2, 6, 3, 3}, {6, 3, 3, 3});
-       },
+      {"conv2d dW with the wrong input channels", [&] { conv({2, 6, 3, 3}, {6, 3, 3, 3}); },
        {"[6, 3, 3, 3]", "C_in/groups = 4"}},
       // Wrong rank.
       {"conv2d input of rank 2",
@@ -390,61 +364,32 @@ TEST_CASE("bad input table: the C++ core") {
                                    test::view_of(conv_dw, {6, 4, 3, 3}), conv2d_params{});
        },
        {"[N, C_in, H, W]", "[6, 4]"}},
-      {"conv2d dZ of rank 3",
-       [&] {
-         conv({2, 6, 9}, {6, 4, 3, 3});
-       },
-       {"[2, 6, 9]"}},
-      {"linear dZ of rank 0",
-       [&] {
-         linear(test::view_of(dz, {}), test::view_of(dw, {3, 4}));
-       },
+      {"conv2d dZ of rank 3", [&] { conv({2, 6, 9}, {6, 4, 3, 3}); }, {"[2, 6, 9]"}},
+      {"linear dZ of rank 0", [&] { linear(test::view_of(dz, {}), test::view_of(dw, {3, 4})); },
        {"dZ", "rank >= 1"}},
       // Convolution parameters.
-      {"zero stride",
-       [&] {
-         conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([](auto& p) { p.stride[1] = 0; }));
-       },
+      {"zero stride", [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([](auto& p) { p.stride[1] = 0; })); },
        {"stride 0"}},
       {"groups not dividing the channels",
-       [&] {
-         conv({2, 6, 3, 3}, {6, 1, 3, 3}, with([](auto& p) { p.groups = 3; }));
-       },
+       [&] { conv({2, 6, 3, 3}, {6, 1, 3, 3}, with([](auto& p) { p.groups = 3; })); },
        {"groups 3", "input channels 4"}},
-      {"output size <= 0",
-       [&] {
-         conv({2, 6, 1, 1}, {6, 4, 7, 7});
-       },
-       {"output height", "kernel 7"}},
+      {"output size <= 0", [&] { conv({2, 6, 1, 1}, {6, 4, 7, 7}); }, {"output height", "kernel 7"}},
       {"padding whose doubling overflows",
-       [&] {
-         conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.padding[0] = two62; }));
-       },
+       [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.padding[0] = two62; })); },
        {"padding", "overflows", std::to_string(two62)}},
       {"dilation whose reach overflows",
-       [&] {
-         conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.dilation[1] = two62; }));
-       },
+       [&] { conv({2, 6, 3, 3}, {6, 4, 3, 3}, with([&](auto& p) { p.dilation[1] = two62; })); },
        {"dilated kernel width", "overflows", std::to_string(two62)}},
       // Null and short buffers.
-      {"null compress input",
-       [&] { compress_with(nullptr, values.data(), memory.size()); },
+      {"null compress input", [&] { compress_with(nullptr, values.data(), memory.size()); },
        {"compress input", "null", "24 elements"}},
-      {"null cache values",
-       [&] { compress_with(a.data(), nullptr, memory.size()); },
+      {"null cache values", [&] { compress_with(a.data(), nullptr, memory.size()); },
        {"values", "null", std::to_string(planned.kept())}},
-      {"null dZ",
-       [&] {
-         linear({nullptr, {6, 3}}, test::view_of(dw, {3, 4}));
-       },
+      {"null dZ", [&] { linear({nullptr, {6, 3}}, test::view_of(dw, {3, 4})); },
        {"dZ", "null", "18 elements"}},
-      {"null dW",
-       [&] {
-         linear(test::view_of(dz, {6, 3}), {nullptr, {3, 4}});
-       },
+      {"null dW", [&] { linear(test::view_of(dz, {6, 3}), {nullptr, {3, 4}}); },
        {"dW", "null", "12 elements"}},
-      {"short compress workspace",
-       [&] { compress_with(a.data(), values.data(), memory.size() - 1); },
+      {"short compress workspace", [&] { compress_with(a.data(), values.data(), memory.size() - 1); },
        {"compress", std::to_string(memory.size() - 1), std::to_string(memory.size())}},
       {"short linear workspace",
        [&] {
@@ -454,35 +399,17 @@ TEST_CASE("bad input table: the C++ core") {
        },
        {"linear_weight_grad", "workspace of 1 bytes"}},
       // Element counts that overflow, and shapes built by hand.
-      {"2^32 x 2^32 elements",
-       [&] {
-         dropit::shape({two32, two32});
-       },
+      {"2^32 x 2^32 elements", [&] { dropit::shape({two32, two32}); },
        {"[4294967296, 4294967296]", "overflows"}},
       {"2^40 x 2^40 plan",
-       [&] {
-         plan_cache<float>(policy<chunked_min_k_selection>{}, dropit::shape{two40, two40});
-       },
+       [&] { plan_cache<float>(policy<chunked_min_k_selection>{}, dropit::shape{two40, two40}); },
        {"[1099511627776, 1099511627776]", "overflows"}},
-      {"2^31 x 2^31 x 2^31 shape",
-       [&] {
-         dropit::shape({two31, two31, two31});
-       },
+      {"2^31 x 2^31 x 2^31 shape", [&] { dropit::shape({two31, two31, two31}); },
        {"[2147483648, 2147483648]", "more than the 1152921504606846975 elements"}},
-      {"2^63 elements",
-       [&] {
-         dropit::shape({2, two62});
-       },
-       {"[2, 4611686018427387904]", "overflows"}},
-      {"conv2d dZ with 2^62 output channels",
-       [&] {
-         conv({2, two62, 3, 3}, {6, 4, 3, 3});
-       },
+      {"2^63 elements", [&] { dropit::shape({2, two62}); }, {"[2, 4611686018427387904]", "overflows"}},
+      {"conv2d dZ with 2^62 output channels", [&] { conv({2, two62, 3, 3}, {6, 4, 3, 3}); },
        {std::to_string(two62)}},
-      {"dW of 2^40 x 2^40",
-       [&] {
-         linear(test::view_of(dz, {6, 3}), {dw.data(), {two40, two40}});
-       },
+      {"dW of 2^40 x 2^40", [&] { linear(test::view_of(dz, {6, 3}), {dw.data(), {two40, two40}}); },
        {"overflows"}},
       {"conv2d workspace that overflows",
        [&] {
@@ -491,26 +418,19 @@ TEST_CASE("bad input table: the C++ core") {
                                                    conv2d_params{});
        },
        {"workspace size overflows"}},
-      {"view of rank 9",
-       [&] {
-         densify<float>(serial, c.view(), {big.data(), rank9}, {});
-       },
+      {"view of rank 9", [&] { densify<float>(serial, c.view(), {big.data(), rank9}, {}); },
        {"densify output rank 9", "[0, 8]"}},
-      {"view with a negative extent",
-       [&] {
-         linear({dz.data(), negative}, test::view_of(dw, {3, 4}));
-       },
+      {"view with a negative extent", [&] { linear({dz.data(), negative}, test::view_of(dw, {3, 4})); },
        {"dZ extent -4", "dimension 1"}},
   };
 #if defined(__SANITIZE_ADDRESS__)
-  MESSAGE(
-      "skipped under AddressSanitizer, which aborts on allocations it cannot serve: a "
-      "planned cache too large to allocate");
+  MESSAGE("skipped under AddressSanitizer, which aborts on allocations it cannot serve: a "
+          "planned cache too large to allocate");
 #else
   table.push_back({"a planned cache too large to allocate",
                    [&] {
-                     dropit::cache<float>(plan_cache<float>(
-                         policy<random_selection>{{.gamma = 0.5}}, {two40, 1024}));
+                     dropit::cache<float>(plan_cache<float>(policy<random_selection>{{.gamma = 0.5}},
+                                                            {two40, 1024}));
                    },
                    {"cannot allocate cache values", std::to_string(two40 * 512)}});
 #endif
@@ -525,8 +445,8 @@ TEST_CASE("bad input table: cache layouts built or changed by hand") {
       compress(serial, policy<chunked_min_k_selection>{{0.95, 16}}, test::view_of(x, {4, 6, 5}));
   const auto channels = compress(serial, policy<min_k_selection, channel_granularity>{{0.5}, {1}},
                                  test::view_of(x, {4, 6, 5}));
-  const auto seeded = compress(serial, policy<random_selection>{{.gamma = 0.5, .chunk_size = 8}},
-                               test::view_of(x, {120}));
+  const auto seeded =
+      compress(serial, policy<random_selection>{{.gamma = 0.5, .chunk_size = 8}}, test::view_of(x, {120}));
   REQUIRE(chunked.layout().encoding == position_encoding::offsets);
   std::vector<float> out(x.size());
   // The cache is read through its own layout first: a layout just found valid must not be taken
@@ -541,8 +461,7 @@ TEST_CASE("bad input table: cache layouts built or changed by hand") {
       {"kept per chunk larger than the chunk",
        [&] { read_with(chunked, [](cache_layout& l) { l.kept_per_chunk = 17; }); },
        {"kept_per_chunk is 17", "has 1"}},
-      {"kept per tail changed",
-       [&] { read_with(chunked, [](cache_layout& l) { l.kept_per_tail = 0; }); },
+      {"kept per tail changed", [&] { read_with(chunked, [](cache_layout& l) { l.kept_per_tail = 0; }); },
        {"kept_per_tail is 0", "has 1"}},
       {"unknown encoding",
        [&] { read_with(chunked, [](cache_layout& l) { l.encoding = position_encoding{7}; }); },
@@ -554,31 +473,25 @@ TEST_CASE("bad input table: cache layouts built or changed by hand") {
        [&] { read_with(chunked, [](cache_layout& l) { l.type = element_type{9}; }); },
        {"element type 9", "unknown"}},
       {"channel layout with a bitmask encoding",
-       [&] {
-         read_with(channels, [](cache_layout& l) { l.encoding = position_encoding::bitmask; });
-       },
+       [&] { read_with(channels, [](cache_layout& l) { l.encoding = position_encoding::bitmask; }); },
        {"encoding is 0", "has 3"}},
       {"more kept channels than channels",
        [&] { read_with(channels, [](cache_layout& l) { l.kept_channels = 7; }); },
        {"kept_channels is 7", "has 3"}},
-      {"offsets of 3 bytes",
-       [&] { read_with(chunked, [](cache_layout& l) { l.offset_bytes = 3; }); },
+      {"offsets of 3 bytes", [&] { read_with(chunked, [](cache_layout& l) { l.offset_bytes = 3; }); },
        {"offset_bytes is 3", "has 2"}},
       {"channel axis beyond the rank",
        [&] { read_with(channels, [](cache_layout& l) { l.channel_axis = 5; }); },
        {"axis 5", "rank 3"}},
-      {"layout shape of rank 9",
-       [&] { read_with(chunked, [](cache_layout& l) { l.shape.rank = 9; }); },
+      {"layout shape of rank 9", [&] { read_with(chunked, [](cache_layout& l) { l.shape.rank = 9; }); },
        {"cache layout rank 9"}},
       {"layout of another tensor (shape changed)",
        [&] { read_with(chunked, [](cache_layout& l) { l.shape.extents[2] = 4; }); },
        {"kept_per_tail"}},
       {"chunk size 0 in a random layout",
-       [&] { read_with(seeded, [](cache_layout& l) { l.chunk_size = 0; }); },
-       {"D = 0"}},
+       [&] { read_with(seeded, [](cache_layout& l) { l.chunk_size = 0; }); }, {"D = 0"}},
       {"gamma NaN in a layout",
-       [&] { read_with(seeded, [](cache_layout& l) { l.gamma = std::nan(""); }); },
-       {"gamma = nan"}},
+       [&] { read_with(seeded, [](cache_layout& l) { l.gamma = std::nan(""); }); }, {"gamma = nan"}},
       {"min-k layout that rescales",
        [&] { read_with(channels, [](cache_layout& l) { l.rescale = true; }); },
        {"rescale is 1", "has 0"}},
@@ -605,8 +518,7 @@ TEST_CASE("bad input table: stored positions that do not match their layout") {
     change(words);
     const cache_view<const float> view{c.layout(), c.view().values, words.data()};
     if (gradient)
-      linear_weight_grad<float>(serial, view, test::view_of(dz, {24, 2}),
-                                test::view_of(dw, {2, 5}));
+      linear_weight_grad<float>(serial, view, test::view_of(dz, {24, 2}), test::view_of(dw, {2, 5}));
     else
       densify(serial, view);
   };
@@ -616,48 +528,35 @@ TEST_CASE("bad input table: stored positions that do not match their layout") {
     };
   };
   check_table({
-      {"offset beyond its chunk",
-       [&] { corrupt(offsets, set_offset(0, 16), false); },
+      {"offset beyond its chunk", [&] { corrupt(offsets, set_offset(0, 16), false); },
        {"chunk 0", "below the chunk length 16"}},
       {"offsets out of order",
-       [&] { corrupt(offsets, set_offset(1, 0), true); },
-       {"chunk 0", "ascending"}},
+       [&] { corrupt(offsets, set_offset(1, 0), true); }, {"chunk 0", "ascending"}},
       {"bitmask bit beyond the tail",
-       [&] {
-         corrupt(
-             bitmask, [](auto& w) { w[7] |= 1u << 9; }, false);
-       },
+       [&] { corrupt(bitmask, [](auto& w) { w[7] |= 1u << 9; }, false); },
        {"chunk 7", "chunk length 8"}},
       {"bitmask with a bit too few",
-       [&] {
-         corrupt(
-             bitmask, [](auto& w) { w[2] &= w[2] - 1; }, true);
-       },
-       {"chunk 2", "expected 8"}},
+       [&] { corrupt(bitmask, [](auto& w) { w[2] &= w[2] - 1; }, true); }, {"chunk 2", "expected 8"}},
       {"channel list beyond the channels",
-       [&] {
-         corrupt(
-             channels, [](auto& w) { w[2] = 6; }, false);
-       },
-       {"channel 6", "below 6"}},
+       [&] { corrupt(channels, [](auto& w) { w[2] = 6; }, false); }, {"channel 6", "below 6"}},
       {"channel list out of order",
-       [&] {
-         corrupt(
-             channels, [](auto& w) { std::swap(w[0], w[1]); }, true);
-       },
-       {"ascending"}},
+       [&] { corrupt(channels, [](auto& w) { std::swap(w[0], w[1]); }, true); }, {"ascending"}},
   });
 }
 
 TEST_CASE("bad input: the one-chunk bitmask of min-k over a whole tensor, read by two threads") {
-  // 40 001 elements: 1 251 mask words in three blocks, split into two runs; one element in the
-  // last word. A corrupt mask is refused before any value is read by it.
+  // 40 001 elements: 1 251 mask words in three blocks, split into two runs (with OpenMP); one
+  // element in the last word. A corrupt mask is refused before any value is read by it (which the
+  // sanitized build would report).
   const std::int64_t n = 40001;
   const std::vector<float> x = test::smooth_values<float>(n, 9);
   const auto c = compress(serial, policy<min_k_selection>{{0.5}}, test::view_of(x, {n}));
   REQUIRE(c.layout().encoding == position_encoding::bitmask);
   REQUIRE(c.layout().chunk_count() == 1);
   const std::string kept = std::to_string(c.layout().kept());
+  const auto* stored = static_cast<const std::uint32_t*>(c.view().positions);
+  REQUIRE(stored[1000] != ~0u);  // a bit to add
+  REQUIRE(stored[1100] != 0u);   // a bit to remove
   const auto densify_corrupted = [&](auto change) {
     std::vector<std::uint32_t> words((c.layout().position_bytes() + 3) / 4);
     std::memcpy(words.data(), c.view().positions, c.layout().position_bytes());

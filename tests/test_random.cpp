@@ -152,7 +152,7 @@ TEST_CASE("random: different seeds and different chunks draw differently") {
 }
 
 TEST_CASE("random: a stream's draws never tie") {
-  // Distinct draws make every chunk's k smallest a set of its own, whatever k: checked over the
+  // Distinct draws make every chunk's k largest a set of its own, whatever k: checked over the
   // longest chunk, for chunk, channel and extreme seed and stream values.
   for (const std::uint64_t seed : {std::uint64_t{0}, std::uint64_t{1}, ~std::uint64_t{0}})
     for (const std::uint64_t stream :
@@ -169,8 +169,9 @@ TEST_CASE("random: a stream's draws never tie") {
 
 TEST_CASE("random: neighbouring chunks and seeds overlap as independent draws do") {
   // Two independent uniform k-subsets of n positions share a hypergeometric number of them: mean
-  // k^2/n, variance k^2/n ((n-k)/n)^2 n/(n-1). Streams that shared or shifted one pattern would
-  // overlap far more; the mean's bound is 6 standard errors, the variance's 25 %.
+  // k^2/n, variance k^2/n ((n-k)/n)^2 n/(n-1). Streams that shared one pattern, or drew from few
+  // patterns, would overlap far more; the mean's bound is 6 standard errors, the variance's 25 %.
+  // (INFO names are std::string: doctest prints a const char* as an address.)
   constexpr std::int64_t n = 1024, chunks = 1024;
   constexpr double gamma = 0.9;
   const std::int64_t k = ref::kept(n, ref::rate{gamma, 9, 10});

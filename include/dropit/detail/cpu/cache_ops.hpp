@@ -524,8 +524,8 @@ bool for_each_kept_in_split_mask(const cpu_backend& backend, const cache_view<T>
 /// Calls `visit(flat_position, value_index)` for every kept element, ascending within each
 /// parallel work item (a chunk, a run of mask blocks of a one-chunk bitmask cache, or an outer
 /// index for channel caches), after `enter(first, count)` for each span of positions it covers
-/// (the item's, or a mask block's): densify zeroes them there, so that its writes meet in cache
-/// rather than after a pass over the whole output.
+/// (each chunk's, outer index's or mask block's): densify zeroes them there, so that its writes
+/// meet in cache rather than after a pass over the whole output.
 template <class T, class Enter, class Visit>
 void for_each_kept(const cpu_backend& backend, const cache_view<T>& cache,
                    const read_scratch& scratch, Enter&& enter, Visit&& visit) {
