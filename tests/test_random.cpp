@@ -167,6 +167,24 @@ TEST_CASE("random: a stream's draws never tie") {
     }
 }
 
+TEST_CASE("random: streams whose index steps overlap still draw independently") {
+  // A draw hashes the key's low half plus index times a step. Two streams whose low halves differ
+  // by s steps walk the same words s indices apart; the key's high half, mixed in between the
+  // hash's rounds, must keep their draws apart (without it, every draw would repeat).
+  constexpr std::uint32_t step = 0x9e3779b9u;
+  for (const std::uint32_t s : {1u, 7u, 1000u}) {
+    CAPTURE(s);
+    const std::uint64_t first = 0x0123456789abcdefull;
+    const std::uint64_t second =
+        (first ^ (std::uint64_t{0x5bd1e995u} << 32)) + std::uint32_t(s * step);
+    REQUIRE(std::uint32_t(second) == std::uint32_t(std::uint32_t(first) + s * step));
+    int repeated = 0;
+    for (std::uint64_t i = 0; i < 4096; ++i)
+      repeated += detail::random_draw(second, i) == detail::random_draw(first, i + s);
+    CHECK(repeated == 0);
+  }
+}
+
 TEST_CASE("random: neighbouring chunks and seeds overlap as independent draws do") {
   // Two independent uniform k-subsets of n positions share a hypergeometric number of them: mean
   // k^2/n, variance k^2/n ((n-k)/n)^2 n/(n-1). Streams that shared one pattern, or drew from few
